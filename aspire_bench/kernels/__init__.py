@@ -1,0 +1,30 @@
+"""Attention backends behind one interface (see base.py): torch reference, Triton, flash-attn prefill."""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import AttentionBackend, AttentionMeta, RowMeta  # noqa: F401
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def get_backend(name: str, device_type: str) -> AttentionBackend:
+    """`auto` = triton on CUDA (when importable), torch elsewhere."""
+    if name == "auto":
+        name = "torch"
+        if device_type == "cuda":
+            try:
+                import triton  # noqa: F401
+                name = "triton"
+            except ImportError:
+                pass
+    if name == "torch":
+        from .torch_ref import TorchAttention
+        return TorchAttention()
+    if name == "triton":
+        try:
+            from .triton_backend import TritonAttention
+        except ImportError as e:
+            raise ConfigError(f"attention backend 'triton' is unavailable ({e}): "
+                              "pip install 'aspire-bench[triton]' or use --attention-backend torch") from e
+        return TritonAttention()
+    raise ConfigError(f"unknown attention backend {name!r}: choose one of {', '.join(BACKENDS)}")

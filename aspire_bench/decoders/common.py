@@ -1,0 +1,204 @@
+"""Machinery shared by every decoder: continuous batching, chunked prefill, sampling, stopping.
+
+A decoder subclasses `BatchedDecoder` and implements `step()`: one engine forward over the active
+requests. Admission (prefill), commit rules (EOS, stop strings, max_new_tokens) and slot release
+are the same for all decoders, so their comparisons are fair.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..engine import Capture, Engine, Row, Slot
+from ..errors import ConfigError
+from .base import (PREFILL, GenerationOutput, Request, RequestResult, RowTrace, SamplingParams,
+                   StepTrace)
+
+
+@dataclass(eq=False)
+class ReqState:
+    index: int
+    req: Request
+    slot: Slot
+    gen: torch.Generator | None
+    out: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    finish: str | None = None
+    t_prefill_start: float = 0.0
+    verifications: list[tuple[int, int]] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # decoder-specific per-request state/telemetry
+
+    @property
+    def context_len(self) -> int:
+        """Committed tokens whose KV is (or will be, for the last one) in the cache."""
+        return len(self.req.prompt_ids) + len(self.out)
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to the last dim; fp32 probabilities."""
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sp, si = torch.sort(probs, dim=-1, descending=True)
+        cum = sp.cumsum(-1)
+        drop = (cum - sp) > params.top_p  # keep the smallest prefix whose mass reaches top_p
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+class BatchedDecoder:
+    name = "base"
+
+    def __init__(self, **settings):
+        if settings:
+            raise ConfigError(f"decoder {self.name!r} takes no setting(s) {', '.join(settings)}")
+
+    # --- to override ---------------------------------------------------------------------------
+    def settings(self) -> dict:
+        return {}
+
+    def step(self, engine: Engine, active: list[ReqState], params: SamplingParams, clock) -> StepTrace:
+        raise NotImplementedError
+
+    def prefill_capture(self, engine: Engine) -> Capture | None:
+        """Scores to capture at the last prompt token (seeds a sparse draft view)."""
+        return None
+
+    def on_prefilled(self, engine: Engine, st: ReqState, scores: dict[int, torch.Tensor]) -> None:
+        pass
+
+    def slack(self) -> int:
+        """KV positions a request may need beyond prompt + max_new_tokens (pending drafts)."""
+        return 0
+
+    # --- shared --------------------------------------------------------------------------------
+    def sample(self, st: ReqState, logits: torch.Tensor, params: SamplingParams) -> int:
+        if params.greedy:
+            top = torch.topk(logits, 2).values if logits.shape[-1] > 1 else logits
+            if st.extra.get("record_margins", True) and top.numel() > 1:
+                st.margins.append(float(top[0] - top[1]))
+            return int(torch.argmax(logits))
+        return sample_from(logits_to_probs(logits, params), st.gen)
+
+    @staticmethod
+    def commit(st: ReqState, tokens: Sequence[int], t: float, eos: tuple[int, ...]) -> int:
+        """Append tokens until EOS, a stop string or max_new_tokens; returns how many were kept."""
+        before = len(st.out)
+        for tok in tokens:
+            if st.finish:
+                break
+            st.out.append(int(tok))
+            st.times.append(t)
+            if tok in eos:
+                st.finish = "eos"
+            elif st.req.stop_check is not None and (cut := st.req.stop_check(st.out)) is not None:
+                del st.out[cut:]
+                del st.times[cut:]
+                st.finish = "stop"
+            elif len(st.out) >= st.req.max_new_tokens:
+                st.finish = "length"
+        return len(st.out) - before
+
+    def _check(self, engine: Engine, requests: Sequence[Request]) -> None:
+        for r in requests:
+            need = len(r.prompt_ids) + r.max_new_tokens + self.slack()
+            if not r.prompt_ids:
+                raise ConfigError(f"request {r.id!r} has an empty prompt")
+            if need > engine.max_context:
+                raise ConfigError(
+                    f"request {r.id!r} needs {len(r.prompt_ids)} prompt + {r.max_new_tokens} new tokens, more "
+                    f"than the model's maximum context of {engine.max_context}: shorten the context "
+                    "(--context-len) or lower --max-new-tokens")
+
+    def _admit(self, engine: Engine, i: int, req: Request, params: SamplingParams, clock,
+               steps: list[StepTrace]) -> ReqState:
+        slot = engine.alloc(len(req.prompt_ids) + req.max_new_tokens + self.slack())
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device=engine.device)
+            gen.manual_seed(params.seed * 1_000_003 + i)  # per request: independent of batch order
+        st = ReqState(index=i, req=req, slot=slot, gen=gen, t_prefill_start=clock())
+        ids = req.prompt_ids
+        capture = self.prefill_capture(engine)
+        chunk = engine.prefill_chunk
+        # The last prompt token runs alone when scores are captured, so probabilities are only
+        # materialised for one query (not a whole chunk x context).
+        bounds = list(range(0, len(ids) - (1 if capture else 0), chunk)) + ([len(ids) - 1] if capture else [])
+        out = None
+        for b, start in enumerate(bounds):
+            end = bounds[b + 1] if b + 1 < len(bounds) else len(ids)
+            last = end == len(ids)
+            t0 = clock()
+            row = Row(slot, ids[start:end], start, logits="last" if last else "none",
+                      capture=Capture(capture.layers, (end - start - 1,), capture.reduce) if last and capture
+                      else None)
+            out = engine.forward([row])
+            tok = self.sample(st, out.logits[0][-1], params) if last else None
+            t1 = clock()
+            committed = self.commit(st, [tok], t1, params.eos_token_ids) if last else 0
+            steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,
+                                                               kv_read=end)]))
+        if capture:
+            self.on_prefilled(engine, st, out.captures.get(0, {}))
+        return st
+
+    def generate(self, engine: Engine, requests: Sequence[Request], params: SamplingParams,
+                 batch_size: int, progress: Callable[[int], None] | None = None) -> GenerationOutput:
+        if batch_size < 1:
+            raise ConfigError("--batch-size must be at least 1")
+        self._check(engine, requests)
+        sizes = sorted((len(r.prompt_ids) + r.max_new_tokens + self.slack() for r in requests), reverse=True)
+        ps = engine.page_size
+        engine.reserve(sum(-(-s // ps) * ps for s in sizes[:batch_size]))
+        clock = time.perf_counter
+        t_start = clock()
+        waiting = deque(enumerate(requests))
+        active: list[ReqState] = []
+        done: dict[int, ReqState] = {}
+        steps: list[StepTrace] = []
+        while waiting or active:
+            while waiting and len(active) < batch_size:
+                i, req = waiting.popleft()
+                st = self._admit(engine, i, req, params, clock, steps)
+                if progress:
+                    progress(len(st.out))
+                (done.__setitem__(i, st) or engine.free(st.slot)) if st.finish else active.append(st)
+            if not active:
+                continue
+            before = sum(len(s.out) for s in active)
+            trace = self.step(engine, active, params, clock)
+            trace.index = len(steps)
+            steps.append(trace)
+            if progress:
+                progress(sum(len(s.out) for s in active) - before)
+            for st in [s for s in active if s.finish]:
+                active.remove(st)
+                engine.free(st.slot)
+                done[st.index] = st
+        results = []
+        for i, req in enumerate(requests):
+            st = done[i]
+            extra = dict(st.extra)
+            extra.pop("record_margins", None)
+            if st.margins:
+                extra["margins"] = st.margins[:len(st.out)]
+            results.append(RequestResult(
+                id=req.id, output_ids=st.out, finish_reason=st.finish, token_times=st.times,
+                t_arrival=t_start, t_prefill_start=st.t_prefill_start, verifications=st.verifications,
+                extra=extra))
+        return GenerationOutput(results, steps, t_start, clock(),
+                                info={"decoder": self.name, **self.settings()})

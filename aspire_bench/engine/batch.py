@@ -1,0 +1,73 @@
+"""MixedBatch: the rows of one engine forward pass.
+
+Each row is one request's new tokens (1 for AR/draft, d+1 for verify, a chunk for prefill) at
+absolute positions start..start+n-1. Their KV is written at those positions, and each new token
+attends to the row's *view* of the prefix [0, start) plus the row's own tokens causally.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+import torch
+
+from ..kernels.base import PAGE_MAX_SUM, TOKEN_MEAN  # noqa: F401  (re-exported for decoders)
+from .kv_cache import Slot
+
+# What a row's tokens attend to in the prefix [0, start):
+#   None                 -> every position (full attention, read in place)
+#   PageView / TokenView -> a subset, gathered
+#   list of those        -> one view per layer (Vegas); a None entry means full for that layer
+
+
+@dataclass
+class PageView:
+    pages: torch.Tensor  # page ids within the slot (int64); positions >= start are ignored
+
+
+@dataclass
+class TokenView:
+    positions: torch.Tensor  # positions within the slot (int64), each < start
+
+
+View = Union[None, PageView, TokenView]
+
+
+@dataclass
+class Capture:
+    layers: Sequence[int]
+    queries: Sequence[int]  # indices into the row's tokens; the scores are averaged over them
+    reduce: str = PAGE_MAX_SUM
+
+
+@dataclass
+class Row:
+    slot: Slot
+    tokens: Sequence[int]
+    start: int
+    view: Union[View, list[View]] = None
+    full_layers: frozenset[int] = frozenset()  # layers that attend fully despite a sparse view
+    logits: str = "last"  # "all" | "last" | "none"
+    capture: Capture | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    def view_at(self, layer: int) -> View:
+        if layer in self.full_layers:
+            return None
+        if isinstance(self.view, list):
+            return self.view[layer]
+        return self.view
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.view is not None
+
+
+@dataclass
+class ForwardOutput:
+    logits: list[torch.Tensor]  # per row: [n_selected, vocab] float32
+    # per row index -> {layer: scores}; scores cover positions [0, start+n) (TOKEN_MEAN) or its pages
+    captures: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)

@@ -1,0 +1,129 @@
+"""Engine: model + KV cache + attention backend; `forward(rows)` runs one mixed batch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..kernels import get_backend
+from ..kernels.base import AttentionMeta, RowMeta
+from .batch import ForwardOutput, PageView, Row, TokenView, View
+from .kv_cache import KVCache, Slot
+from .loading import load_model, load_tokenizer, resolve_model_path
+from .model import Transformer
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer=None, attention_backend: str = "auto",
+                 page_size: int = 16, prefill_chunk: int = 1024, name: str = "model"):
+        self.model = model
+        self.cfg = model.cfg
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.dtype = model.dtype
+        self.backend = get_backend(attention_backend, self.device.type)
+        self.page_size = page_size
+        self.prefill_chunk = prefill_chunk
+        self.name = name
+        self.cache: KVCache | None = None
+        self._scale = self.cfg.head_dim ** -0.5
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path, dtype: str = "float32", device: str = "cpu",
+                        attention_backend: str = "auto", **kw) -> "Engine":
+        path = resolve_model_path(model)
+        return cls(load_model(path, dtype, device), load_tokenizer(path), attention_backend,
+                   name=str(model), **kw)
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    # --- KV slots -------------------------------------------------------------------------------
+    def reserve(self, capacity: int) -> KVCache:
+        """(Re)allocate the KV pool for `capacity` positions in all (e.g. batch x max length)."""
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = None  # free the old pool before allocating the new one
+            c = self.cfg
+            self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.dtype, self.device,
+                                 self.page_size)
+        self.cache._free = [(0, self.cache.capacity)]
+        return self.cache
+
+    def alloc(self, max_len: int) -> Slot:
+        return self.cache.alloc(max_len)
+
+    def free(self, slot: Slot) -> None:
+        self.cache.free(slot)
+
+    def rollback(self, slot: Slot, length: int) -> None:
+        self.cache.rollback(slot, length)
+
+    # --- forward --------------------------------------------------------------------------------
+    def _positions(self, view: View, start: int) -> torch.Tensor:
+        dev = self.device
+        if isinstance(view, PageView):
+            ps = self.page_size
+            pos = (view.pages.to(dev)[:, None] * ps + torch.arange(ps, device=dev)).flatten()
+            return pos[pos < start]
+        if isinstance(view, TokenView):
+            return view.positions.to(dev)
+        raise TypeError(f"not a view: {view!r}")
+
+    def _row_meta(self, row: Row, q_start: int) -> RowMeta:
+        L = self.cfg.num_layers
+        meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
+        if row.view is not None:
+            dev = self.device
+            own = torch.arange(row.start, row.start + row.n, device=dev)
+            resolved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(view) -> (idx, pos)
+            meta.sparse, meta.sparse_pos = [], []
+            for layer in range(L):
+                view = row.view_at(layer)
+                if view is None:
+                    meta.sparse.append(None)
+                    meta.sparse_pos.append(None)
+                    continue
+                if id(view) not in resolved:
+                    pos = torch.cat((self._positions(view, row.start), own))
+                    resolved[id(view)] = (pos + row.slot.base, pos)
+                idx, pos = resolved[id(view)]
+                meta.sparse.append(idx)
+                meta.sparse_pos.append(pos)
+        if row.capture is not None:
+            meta.capture_layers = frozenset(row.capture.layers)
+            meta.capture_queries = tuple(row.capture.queries)
+            meta.capture_reduce = row.capture.reduce
+        return meta
+
+    def forward(self, rows: list[Row]) -> ForwardOutput:
+        dev = self.device
+        tokens, positions, metas, logit_rows, counts = [], [], [], [], []
+        q = 0
+        for row in rows:
+            slot = row.slot
+            if row.start > slot.length:
+                raise ValueError(f"row starts at {row.start} beyond the slot's length {slot.length}")
+            if row.start + row.n > slot.capacity:
+                raise ValueError(f"row writes up to {row.start + row.n} beyond the slot's capacity {slot.capacity}")
+            tokens.extend(row.tokens)
+            positions.append(torch.arange(row.start, row.start + row.n))
+            metas.append(self._row_meta(row, q))
+            if row.logits == "all":
+                logit_rows.extend(range(q, q + row.n))
+                counts.append(row.n)
+            elif row.logits == "last":
+                logit_rows.append(q + row.n - 1)
+                counts.append(1)
+            else:
+                counts.append(0)
+            q += row.n
+        pos = torch.cat(positions).to(dev)
+        dest = torch.cat([p + r.slot.base for p, r in zip(positions, rows)]).to(dev)
+        meta = AttentionMeta(rows=metas, num_tokens=q, page_size=self.page_size, scale=self._scale)
+        logits, captures = self.model.forward(
+            torch.tensor(tokens, device=dev), pos, dest, self.cache.k, self.cache.v, meta, self.backend,
+            torch.tensor(logit_rows, device=dev, dtype=torch.long))
+        for row in rows:
+            row.slot.length = row.start + row.n
+        return ForwardOutput(logits=list(logits.split(counts)), captures=captures)

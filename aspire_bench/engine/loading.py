@@ -1,0 +1,142 @@
+"""Hugging Face checkpoint directory -> Transformer (+ tokenizer).
+
+A directory holds config.json, model.safetensors or a sharded model.safetensors.index.json, and
+tokenizer files. `tiny` names the checkpoint shipped inside this package.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from .config import ModelConfig
+from .model import LayerWeights, Transformer
+
+TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    if str(model) == "tiny":
+        if not (TINY_DIR / "config.json").exists():
+            raise CheckpointError(f"the bundled tiny model is missing from {TINY_DIR}: reinstall aspire-bench "
+                                  "or train it with `aspire-bench train-tiny`")
+        return TINY_DIR
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"model path {path} does not exist: pass a local Hugging Face checkpoint "
+                              "directory (config.json + *.safetensors + tokenizer) or `tiny`")
+    if not path.is_dir() or not (path / "config.json").exists():
+        raise CheckpointError(f"{path} has no config.json: pass the checkpoint directory itself "
+                              "(for a Hub cache, the snapshots/<revision> folder)")
+    return path
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}: choose float32, bfloat16 or float16")
+        dtype = DTYPES[dtype]
+    if device.type == "cpu" and dtype == torch.float16:
+        raise ConfigError("float16 is not supported on CPU here: use --dtype float32 (fastest on CPU) "
+                          "or bfloat16")
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ConfigError("this GPU cannot run bfloat16: use --dtype float16 or float32")
+    return dtype
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is available: use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {device!r}: use cpu or cuda")
+    return dev
+
+
+def read_config(path: Path) -> ModelConfig:
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from e
+    return ModelConfig.from_hf(raw)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (path / s).exists()]
+        if missing:
+            raise CheckpointError(f"{path} is missing weight shard(s) {', '.join(missing)} named in "
+                                  "model.safetensors.index.json: finish the download")
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        extra = " (only PyTorch .bin weights found: convert them to safetensors)" if any(
+            path.glob("*.bin")) else ""
+        raise CheckpointError(f"{path} has no *.safetensors weights{extra}")
+    return files
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    sd: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        sd.update(load_file(str(f)))
+    return sd
+
+
+def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu") -> Transformer:
+    path = resolve_model_path(model)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    cfg = read_config(path)
+    sd = load_state_dict(path)
+
+    def get(name: str, required: bool = True):
+        t = sd.get(name)
+        if t is None:
+            if required:
+                raise CheckpointError(f"weight {name!r} is missing from the checkpoint in {path}")
+            return None
+        return t.to(device=dev, dtype=dt)
+
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        qkv = [get(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+        bias = [get(p + f"self_attn.{x}_proj.bias", cfg.attention_bias) for x in "qkv"]
+        gate_up = [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
+        b_gu = [get(p + "mlp.gate_proj.bias", cfg.mlp_bias), get(p + "mlp.up_proj.bias", cfg.mlp_bias)]
+        layers.append(LayerWeights(
+            attn_norm=get(p + "input_layernorm.weight"),
+            wqkv=torch.cat(qkv).contiguous(),
+            bqkv=torch.cat(bias) if all(b is not None for b in bias) else None,
+            q_norm=get(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
+            k_norm=get(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
+            wo=get(p + "self_attn.o_proj.weight"),
+            bo=get(p + "self_attn.o_proj.bias", False),
+            mlp_norm=get(p + "post_attention_layernorm.weight"),
+            w_gate_up=torch.cat(gate_up).contiguous(),
+            b_gate_up=torch.cat(b_gu) if all(b is not None for b in b_gu) else None,
+            w_down=get(p + "mlp.down_proj.weight"),
+            b_down=get(p + "mlp.down_proj.bias", cfg.mlp_bias),
+        ))
+    embed = get("model.embed_tokens.weight")
+    head = get("lm_head.weight", not cfg.tie_word_embeddings)
+    return Transformer(cfg, embed, layers, get("model.norm.weight"), embed if head is None else head)
+
+
+def load_tokenizer(model: str | Path):
+    path = resolve_model_path(model)
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # transformers raises many types here; the user needs one line
+        raise CheckpointError(f"could not load the tokenizer from {path} ({type(e).__name__}: {e}); "
+                              "the directory needs tokenizer.json or the model's tokenizer files") from e

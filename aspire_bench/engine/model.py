@@ -1,0 +1,113 @@
+"""Llama / Qwen2 / Qwen3 decoder-only transformer over our own KV cache (gpt-fast style).
+
+Weights are plain tensors; q/k/v and gate/up projections are fused so a layer is few matmuls.
+The forward takes flattened tokens of a mixed batch; attention is delegated to a backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.base import AttentionBackend, AttentionMeta
+from .config import ModelConfig, rope_inv_freq
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]
+    bqkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # [2 * inter, hidden]
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf.to(x.dtype)) * w
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, D] (first half / second half convention of HF)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rot = torch.cat((-x2, x1), dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 norm: torch.Tensor, lm_head: torch.Tensor):
+        self.cfg = cfg
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = embed.dtype
+        self.device = embed.device
+        self._inv_freq = rope_inv_freq(cfg).to(self.device)
+        self._cos = self._sin = torch.empty(0, cfg.head_dim, device=self.device)
+
+    def _rope_tables(self, positions: torch.Tensor):
+        need = int(positions.max()) + 1
+        if need > self._cos.shape[0]:
+            size = max(need, 2 * self._cos.shape[0], 4096)
+            t = torch.arange(size, device=self.device, dtype=torch.float32)
+            freqs = torch.outer(t, self._inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos, self._sin = emb.cos(), emb.sin()
+        return self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, dest: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
+                backend: AttentionBackend, logit_rows: torch.Tensor):
+        """tokens/positions/dest: [T]; dest = pool index where each token's KV is written.
+        Returns logits [len(logit_rows), vocab] (fp32) and {row: {layer: scores}}."""
+        cfg = self.cfg
+        T = tokens.shape[0]
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        cos, sin = self._rope_tables(positions)
+        x = self.embed[tokens]
+        captures: dict[int, dict[int, torch.Tensor]] = {}
+        for li, w in enumerate(self.layers):
+            h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps)
+            qkv = F.linear(h, w.wqkv, w.bqkv)
+            q = qkv[:, :hq * d].view(T, hq, d)
+            k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+            v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+            if cfg.qk_norm:
+                q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+                k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            k_cache[li].index_copy_(1, dest, k.transpose(0, 1))
+            v_cache[li].index_copy_(1, dest, v.transpose(0, 1))
+            attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
+            for row, scores in caps.items():
+                captures.setdefault(row, {})[li] = scores
+            x = x + F.linear(attn.reshape(T, hq * d), w.wo, w.bo)
+            h = rms_norm(x, w.mlp_norm, cfg.rms_norm_eps)
+            gu = F.linear(h, w.w_gate_up, w.b_gate_up)
+            gate, up = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.w_down, w.b_down)
+        x = rms_norm(x[logit_rows], self.norm, cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float(), captures
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights read by one forward (embedding rows excluded: only T rows are read)."""
+        total = self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * self.norm.element_size()
+        for w in self.layers:
+            for t in vars(w).values():
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total

@@ -1,0 +1,83 @@
+"""Torch reference attention backend: exact, and efficient enough on CPU.
+
+Full views read the slot in place (a strided view of the pool); sparse views gather only their
+keys; GQA groups query heads per KV head by reshaping (never repeats K/V).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta, RowMeta
+
+# Query blocks longer than this use SDPA (memory-frugal for prefill chunks); shorter ones
+# (decode, draft, verify) a plain matmul-softmax-matmul, which is faster for few queries on CPU.
+_SDPA_MIN_QUERIES = 32
+
+
+def reduce_scores(p: torch.Tensor, queries, reduce: str, page_size: int) -> torch.Tensor:
+    """p: softmax probabilities [Hq, n, L]; averaged over the chosen query rows.
+    TOKEN_MEAN -> [L] mean over heads; PAGE_MAX_SUM -> [ceil(L/page)] max over heads, summed per page."""
+    p = p[:, list(queries)]
+    if reduce == TOKEN_MEAN:
+        return p.mean(dim=0).mean(dim=0)
+    if reduce == PAGE_MAX_SUM:
+        tok = p.amax(dim=0)  # [nq, L]
+        pad = (-tok.shape[-1]) % page_size
+        if pad:
+            tok = F.pad(tok, (0, pad))
+        return tok.view(tok.shape[0], -1, page_size).sum(-1).mean(dim=0)
+    raise ValueError(f"unknown score reduction {reduce!r}")
+
+
+class TorchAttention:
+    name = "torch"
+
+    def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
+        out = torch.empty_like(q)
+        captures: dict[int, torch.Tensor] = {}
+        for i, row in enumerate(meta.rows):
+            o, scores = self._row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row, meta)
+            out[row.q_start:row.q_start + row.n] = o
+            if scores is not None:
+                captures[i] = scores
+        return out, captures
+
+    def _row(self, layer, q, k_cache, v_cache, row: RowMeta, meta: AttentionMeta):
+        n, hq, d = q.shape
+        hkv = k_cache.shape[0]
+        g = hq // hkv
+        idx = row.sparse[layer] if row.sparse else None
+        if idx is None:
+            k = k_cache[:, row.base:row.base + row.start + n]  # in place, no copy
+            v = v_cache[:, row.base:row.base + row.start + n]
+            key_pos = None
+        else:
+            k = k_cache.index_select(1, idx)
+            v = v_cache.index_select(1, idx)
+            key_pos = row.sparse_pos[layer]
+        capture = layer in row.capture_layers
+        if capture and idx is not None:
+            raise ValueError("attention scores can only be captured at a full-attention layer")
+        # [Hkv, G, n, D]: query head h = kv * G + g, as in transformers' repeat_kv
+        qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3)
+        mask = None
+        if n > 1:
+            kp = torch.arange(k.shape[1], device=q.device) if key_pos is None else key_pos
+            qp = torch.arange(row.start, row.start + n, device=q.device)
+            mask = kp[None, :] <= qp[:, None]  # [n, L], causal by absolute position
+        if n >= _SDPA_MIN_QUERIES and not capture:
+            o = F.scaled_dot_product_attention(qg, k.unsqueeze(1), v.unsqueeze(1), attn_mask=mask,
+                                               scale=meta.scale)
+            return o.permute(2, 0, 1, 3).reshape(n, hq, d), None
+        s = torch.matmul(qg.reshape(hkv, g * n, d), k.transpose(1, 2)).view(hkv, g, n, -1)
+        s.mul_(meta.scale)
+        if mask is not None:
+            s.masked_fill_(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(p.view(hkv, g * n, -1), v).view(hkv, g, n, d)
+        scores = None
+        if capture:
+            scores = reduce_scores(p.reshape(hq, n, -1).float(), row.capture_queries, row.capture_reduce,
+                                   meta.page_size)
+        return o.permute(2, 0, 1, 3).reshape(n, hq, d), scores
