@@ -132,8 +132,15 @@ def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
     return Transformer(cfg, embed, layers, get("model.norm.weight"), embed if head is None else head)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(model: str | Path):
+    """The checkpoint's tokenizer, or None when the directory has no tokenizer files (then only
+    token-id prompts work)."""
     path = resolve_model_path(model)
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        return None
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

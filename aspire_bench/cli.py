@@ -1,0 +1,121 @@
+"""The `aspire-bench` command line. User errors print one line and exit 2 (no traceback)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import UserError
+
+
+def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
+    from .decoders import parse_value
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise UserError(f"--decoder-arg {p!r} is not of the form key=value")
+        k, v = p.split("=", 1)
+        out[k.strip().replace("-", "_")] = parse_value(v.strip())
+    return out
+
+
+def model_options(f):
+    for opt in reversed([
+        click.option("--model", default="tiny", show_default=True,
+                     help="HF checkpoint directory, or `tiny` (the bundled model)."),
+        click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16"),
+        click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
+        click.option("--attention-backend", default="auto", show_default=True, help="auto | torch | triton"),
+    ]):
+        f = opt(f)
+    return f
+
+
+def decoder_options(f):
+    for opt in reversed([
+        click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
+        click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
+                     help="Decoder setting, repeatable (e.g. gamma=4)."),
+        click.option("--batch-size", default=8, show_default=True, type=int),
+        click.option("--max-new-tokens", default=128, show_default=True, type=int),
+        click.option("--temperature", default=0.0, show_default=True, type=float),
+        click.option("--top-k", default=0, show_default=True, type=int),
+        click.option("--top-p", default=1.0, show_default=True, type=float),
+        click.option("--seed", default=0, show_default=True, type=int),
+    ]):
+        f = opt(f)
+    return f
+
+
+class Main(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=Main)
+@click.version_option(package_name="aspire-bench")
+def main():
+    """Benchmark and evaluate long-context speculative decoders (AR, MagicDec, Vegas, ASPIRE)."""
+
+
+def read_prompts(path: Path, tokenizer) -> list[tuple[str, list[int]]]:
+    if not path.exists():
+        raise UserError(f"prompts file {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n} is not valid JSON ({e.msg})") from e
+        rid = str(obj.get("id", n))
+        if "input_ids" in obj:
+            rows.append((rid, [int(t) for t in obj["input_ids"]]))
+        elif "prompt" in obj:
+            if tokenizer is None:
+                raise UserError("text prompts need a tokenizer in the checkpoint directory; give input_ids")
+            rows.append((rid, tokenizer.encode(obj["prompt"])))
+        else:
+            raise UserError(f'{path}:{n} needs "prompt" or "input_ids"')
+    return rows
+
+
+@main.command()
+@model_options
+@decoder_options
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+              help='JSONL with {"id", "prompt"} or {"id", "input_ids"} per line.')
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
+def generate(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
+             temperature, top_k, top_p, seed, prompts_path, out_path):
+    """Generate for your own prompts with any decoder; writes one JSON row per prompt."""
+    from .decoders import Request, SamplingParams, get_decoder
+    from .engine import Engine
+    from .progress import TokenProgress
+    dec = get_decoder(decoder, **parse_decoder_args(decoder_args))
+    engine = Engine.from_pretrained(model, dtype, device, attention_backend)
+    tok = engine.tokenizer
+    prompts = read_prompts(prompts_path, tok)
+    reqs = [Request(rid, ids, max_new_tokens) for rid, ids in prompts]
+    params = SamplingParams(temperature, top_k, top_p, seed, engine.cfg.eos_token_ids)
+    with TokenProgress(sum(r.max_new_tokens for r in reqs), f"{decoder}") as bar:
+        out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
+    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for r in out.results:
+            text = tok.decode(r.output_ids, skip_special_tokens=True) if tok is not None else None
+            f.write(json.dumps({"id": r.id, "output_ids": r.output_ids, "text": text,
+                                "finish_reason": r.finish_reason}) + "\n")
+    tmp.replace(out_path)  # atomic: never a half-written output file
+    click.echo(f"wrote {len(out.results)} rows to {out_path}")
+
+
+if __name__ == "__main__":
+    main()

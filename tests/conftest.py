@@ -1,0 +1,50 @@
+"""Shared fixtures: random-init tiny checkpoints of each supported family, saved as HF directories
+and loaded back through the user-facing loader."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def make_checkpoint(family: str, path, seed: int = 0, **over):
+    import transformers as tf
+    torch.manual_seed(seed)
+    if family == "qwen3":
+        cfg = tf.Qwen3Config(**{**COMMON, "head_dim": 16, "rope_theta": 10000.0, "tie_word_embeddings": True,
+                                **over})
+        model = tf.Qwen3ForCausalLM(cfg)
+    elif family == "qwen2":
+        cfg = tf.Qwen2Config(**{**COMMON, "rope_theta": 10000.0, "tie_word_embeddings": False, **over})
+        model = tf.Qwen2ForCausalLM(cfg)
+    elif family == "llama":
+        cfg = tf.LlamaConfig(**{**COMMON, "num_key_value_heads": 1, "rope_theta": 500000.0,
+                                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+                                **over})
+        model = tf.LlamaForCausalLM(cfg)
+    else:
+        raise ValueError(family)
+    with torch.no_grad():  # random-init biases are zero; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval().save_pretrained(str(path))
+    return model
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """{family: (path, transformers model)} for qwen3, qwen2 (qkv bias), llama (GQA 4:1, llama3 rope)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    return {f: (root / f, make_checkpoint(f, root / f)) for f in ("qwen3", "qwen2", "llama")}

@@ -1,0 +1,171 @@
+"""The engine against transformers' own forward on the same weights (fp32)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from aspire_bench.engine import Engine, PageView, Row, TokenView, load_model
+from aspire_bench.errors import CheckpointError, ConfigError
+
+FAMILIES = ("qwen3", "qwen2", "llama")
+TOL = 2e-4
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request, checkpoints):
+    path, hf = checkpoints[request.param]
+    eng = Engine(load_model(path), attention_backend="torch", prefill_chunk=24)
+    eng.reserve(4096)
+    return eng, hf
+
+
+def test_prefill_matches_transformers(family):
+    eng, hf = family
+    ids = torch.randint(0, 320, (70,), generator=torch.Generator().manual_seed(1)).tolist()
+    slot = eng.alloc(128)
+    out = eng.forward([Row(slot, ids, 0, logits="all")])
+    torch.testing.assert_close(out.logits[0], hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_mixed_batch_steps_and_rollback(family):
+    """Two requests of different lengths, chunked prefill, 1-token steps together, then a
+    multi-token block after a rollback: every logit equals transformers on the full sequence."""
+    eng, hf = family
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, 320, (n,), generator=g).tolist() for n in (50, 23)]
+    slots = [eng.alloc(100), eng.alloc(100)]
+    for s, ids in zip(slots, seqs):  # prefill in chunks of 24
+        for a in range(0, len(ids), 24):
+            eng.forward([Row(s, ids[a:a + 24], a, logits="none")])
+    for _ in range(3):  # 1-token steps of both requests in one forward
+        new = [int(torch.randint(0, 320, (1,), generator=g)) for _ in seqs]
+        out = eng.forward([Row(s, [t], len(ids)) for s, t, ids in zip(slots, new, seqs)])
+        for ids, t, lg in zip(seqs, new, out.logits):
+            ids.append(t)
+            torch.testing.assert_close(lg[0], hf_logits(hf, ids)[-1], atol=TOL, rtol=0)
+    # roll request 0 back by 2 (as after rejected drafts) and verify a 5-token block beside a
+    # 1-token step of request 1
+    eng.rollback(slots[0], len(seqs[0]) - 2)
+    seqs[0] = seqs[0][:-2]
+    block = torch.randint(0, 320, (5,), generator=g).tolist()
+    t1 = int(torch.randint(0, 320, (1,), generator=g))
+    out = eng.forward([Row(slots[0], block, len(seqs[0]), logits="all"), Row(slots[1], [t1], len(seqs[1]))])
+    torch.testing.assert_close(out.logits[0], hf_logits(hf, seqs[0] + block)[-5:], atol=TOL, rtol=0)
+    torch.testing.assert_close(out.logits[1][0], hf_logits(hf, seqs[1] + [t1])[-1], atol=TOL, rtol=0)
+    assert slots[0].length == len(seqs[0]) + 5
+
+
+def test_all_pages_view_equals_full(checkpoints):
+    path, _ = checkpoints["qwen3"]
+    eng = Engine(load_model(path), attention_backend="torch")
+    eng.reserve(512)
+    ids = torch.randint(0, 320, (61,), generator=torch.Generator().manual_seed(3)).tolist()
+    s = eng.alloc(80)
+    eng.forward([Row(s, ids, 0, logits="none")])
+    full = eng.forward([Row(s, [7, 8, 9], 61, logits="all")]).logits[0]
+    pages = PageView(torch.arange(4))  # 61 positions = 4 pages (last one partial)
+    sparse = eng.forward([Row(s, [7, 8, 9], 61, view=pages, logits="all")]).logits[0]
+    tokens = eng.forward([Row(s, [7, 8, 9], 61, view=TokenView(torch.arange(61)), logits="all")]).logits[0]
+    torch.testing.assert_close(sparse, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(tokens, full, atol=1e-5, rtol=0)
+    # a real subset changes the result (the view is not ignored)
+    sub = eng.forward([Row(s, [7, 8, 9], 61, view=PageView(torch.tensor([0, 3])), logits="all")]).logits[0]
+    assert (sub - full).abs().max() > 1e-3
+
+
+def test_sparse_page_view_equals_masked_dense_attention():
+    """The backend's sparse path equals dense attention with unselected positions masked out."""
+    from aspire_bench.kernels.base import AttentionMeta, RowMeta
+    from aspire_bench.kernels.torch_ref import TorchAttention
+    g = torch.Generator().manual_seed(4)
+    hkv, grp, d, cap, ps = 2, 4, 16, 256, 16
+    kc, vc = torch.randn(hkv, cap, d, generator=g), torch.randn(hkv, cap, d, generator=g)
+    base, start, n = 32, 150, 3
+    q = torch.randn(n, hkv * grp, d, generator=g)
+    pages = torch.tensor([0, 2, 5, 9])  # page 9 is partial: positions 144..149 < start
+    pos = (pages[:, None] * ps + torch.arange(ps)).flatten()
+    pos = pos[pos < start]
+    own = torch.arange(start, start + n)
+    keys = torch.cat((pos, own))
+    row = RowMeta(q_start=0, n=n, base=base, start=start, sparse=[keys + base], sparse_pos=[keys])
+    out, _ = TorchAttention().attend(0, q, kc, vc, AttentionMeta([row], n, ps, d ** -0.5))
+    # dense reference over [0, start+n) with a mask
+    K, V = kc[:, base:base + start + n], vc[:, base:base + start + n]
+    allowed = torch.zeros(n, start + n, dtype=torch.bool)
+    allowed[:, pos] = True
+    for i in range(n):
+        allowed[i, start:start + i + 1] = True
+    Kr, Vr = K.repeat_interleave(grp, 0), V.repeat_interleave(grp, 0)
+    s = torch.einsum("nhd,hld->hnl", q, Kr) * d ** -0.5
+    s = s.masked_fill(~allowed[None], float("-inf"))
+    ref = torch.einsum("hnl,hld->nhd", s.softmax(-1), Vr)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_parameters_dialect_equals_rope_scaling(checkpoints, tmp_path):
+    """A 5.x-style config (rope_parameters) loads to the same model as the 4.x dialect."""
+    path, hf = checkpoints["llama"]
+    new = tmp_path / "llama5"
+    shutil.copytree(path, new)
+    cfg = json.loads((new / "config.json").read_text())
+    rope = cfg.pop("rope_scaling", None) or cfg.get("rope_parameters")
+    theta = cfg.pop("rope_theta", None) or rope.get("rope_theta")
+    cfg["rope_parameters"] = {**rope, "rope_theta": theta}
+    (new / "config.json").write_text(json.dumps(cfg))
+    a, b = load_model(path), load_model(new)
+    assert a.cfg.rope == b.cfg.rope and a.cfg.rope_theta == b.cfg.rope_theta == 500000.0
+    assert a.cfg.rope["rope_type"] == "llama3"
+    torch.testing.assert_close(a._inv_freq, b._inv_freq)
+
+
+def test_bad_inputs_have_clear_messages(checkpoints, tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_model(empty)
+    path, _ = checkpoints["qwen3"]
+    noweights = tmp_path / "noweights"
+    noweights.mkdir()
+    shutil.copy(path / "config.json", noweights / "config.json")
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors"):
+        load_model(noweights)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    (noweights / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="unsupported architecture 'GPT2LMHeadModel'.*Qwen3ForCausalLM"):
+        load_model(noweights)
+    with pytest.raises(ConfigError, match="float16 is not supported on CPU"):
+        load_model(path, dtype="float16")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            load_model(path, device="cuda")
+
+
+def test_kv_cache_memory_check_names_bytes_and_knob(checkpoints):
+    from aspire_bench.errors import OutOfMemoryBudget
+    path, _ = checkpoints["qwen3"]
+    eng = Engine(load_model(path), attention_backend="torch")
+    with pytest.raises(OutOfMemoryBudget, match=r"GiB.*--batch-size"):
+        eng.reserve(10**12)
+
+
+def test_slots_are_reused_after_free(checkpoints):
+    path, _ = checkpoints["qwen3"]
+    eng = Engine(load_model(path), attention_backend="torch")
+    cache = eng.reserve(320)
+    a, b = eng.alloc(160), eng.alloc(160)
+    assert (a.base, b.base) == (0, 160)
+    eng.free(a)
+    eng.free(b)
+    assert eng.alloc(320).base == 0  # neighbours coalesced
+    assert cache.capacity == 320
