@@ -1,0 +1,223 @@
+"""A run record: what one run measured, in a form the store, JSONL files and reports share."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aspire_bench
+from aspire_bench.decoders.base import GenerationOutput
+from aspire_bench.harness import metrics
+from aspire_bench.harness.metrics import Parity
+
+# Config keys that say where or how a run is filed, not what was measured: left out of the hash so
+# the same measurement filed elsewhere still matches.
+NON_IDENTITY_KEYS = frozenset({"store", "store_path", "out", "output_dir", "tag", "sweep", "group", "verbose"})
+
+# Column order of one step row in StepRecord.rows.
+ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read")
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def config_hash(config: Mapping) -> str:
+    """sha256 of the canonical JSON of the config without NON_IDENTITY_KEYS (top level)."""
+    identity = {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+
+
+def new_group_id() -> str:
+    """One id for the runs measured side by side in one invocation (speedups are taken within it)."""
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class RequestRow:
+    id: str
+    prompt_len: int
+    output_ids: list[int]
+    finish_reason: str
+    text: str | None = None
+    score: float | None = None
+    # Seconds since the run's generate() started (GenerationOutput.t_start).
+    t_arrival: float = 0.0
+    t_prefill_start: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    verifications: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
+    figures: dict = field(default_factory=dict)  # metrics.request_figures
+    parity: dict | None = None  # metrics.Parity fields, for speculative runs compared with AR
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepRecord:
+    index: int
+    t_start: float  # seconds since generate() started
+    t_end: float
+    n_tokens: int
+    rows: list[tuple] = field(default_factory=list)  # one tuple per row, columns ROW_COLUMNS
+
+
+@dataclass
+class RunRecord:
+    config: dict
+    config_hash: str
+    env: dict
+    status: str = "ok"  # "ok" | "failed"
+    error: str | None = None
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    sweep: str | None = None
+    tag: str | None = None
+    group: str | None = None
+    info: dict = field(default_factory=dict)  # GenerationOutput.info: settings the decoder actually used
+    requests: list[RequestRow] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    aggregates: dict = field(default_factory=dict)
+    run_id: int | None = None  # set by the store
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> RunRecord:
+        d = dict(d)
+        d["requests"] = [
+            RequestRow(**{**r, "verifications": [tuple(v) for v in r["verifications"]]}) for r in d["requests"]
+        ]
+        d["steps"] = [StepRecord(**{**s, "rows": [tuple(x) for x in s["rows"]]}) for s in d["steps"]]
+        return cls(**d)
+
+
+def from_output(
+    config: Mapping, output: GenerationOutput, prompt_lens: Mapping[str, int], env: Mapping, *,
+    texts: Mapping[str, str] | None = None, scores: Mapping[str, float | None] | None = None,
+    parity: Mapping[str, Parity] | None = None, sweep: str | None = None, tag: str | None = None,
+    group: str | None = None,
+) -> RunRecord:
+    """The record of a finished run; aggregates computed by metrics.aggregate."""
+    t0 = output.t_start
+    requests = [
+        RequestRow(
+            id=r.id, prompt_len=prompt_lens[r.id], output_ids=list(r.output_ids),
+            finish_reason=r.finish_reason, text=(texts or {}).get(r.id), score=(scores or {}).get(r.id),
+            t_arrival=r.t_arrival - t0, t_prefill_start=r.t_prefill_start - t0,
+            token_times=[t - t0 for t in r.token_times], verifications=[tuple(v) for v in r.verifications],
+            figures=metrics.request_figures(r),
+            parity=_parity_dict(parity[r.id]) if parity and r.id in parity else None, extra=dict(r.extra),
+        )
+        for r in output.results
+    ]
+    steps = [
+        StepRecord(s.index, s.t_start - t0, s.t_end - t0, s.n_tokens,
+                   [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read) for w in s.rows])
+        for s in output.steps
+    ]
+    return RunRecord(
+        config=dict(config), config_hash=config_hash(config), env=dict(env), sweep=sweep, tag=tag, group=group,
+        info=dict(output.info), requests=requests, steps=steps,
+        aggregates=metrics.aggregate(output, scores=scores, parity=parity),
+    )
+
+
+def failed(config: Mapping, env: Mapping, error: str, *, sweep: str | None = None, tag: str | None = None,
+           group: str | None = None) -> RunRecord:
+    """The record of a run that raised: kept so a sweep shows which cells failed and why."""
+    return RunRecord(config=dict(config), config_hash=config_hash(config), env=dict(env), status="failed",
+                     error=error, sweep=sweep, tag=tag, group=group)
+
+
+def _parity_dict(p: Parity) -> dict:
+    return {**asdict(p), "identical": p.identical}
+
+
+# --- environment ------------------------------------------------------------------------------
+
+
+def capture_environment() -> dict:
+    """Versions, hardware and code revision, so a number can be traced to what produced it."""
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "aspire_bench": aspire_bench.__version__,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        **_torch_info(),
+        "transformers": _version("transformers"),
+    }
+    env.update(_git_revision(Path(aspire_bench.__file__).resolve().parent.parent))
+    return env
+
+
+def _version(dist: str) -> str | None:
+    # Package metadata, not an import: importing transformers alone takes seconds.
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_info() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "device": None, "gpu": None, "cuda": None}
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "device": "cuda" if gpu else "cpu", "gpu": gpu, "cuda": torch.version.cuda}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_revision(repo: Path) -> dict:
+    """HEAD and whether tracked files differ from it; empty when not a git checkout."""
+    # GIT_OPTIONAL_LOCKS=0: never take the index lock (another process may be committing).
+    git_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10,
+                              check=True, env=git_env).stdout.strip()
+
+    try:
+        return {"git_rev": git("rev-parse", "HEAD"),
+                "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+# --- JSONL ------------------------------------------------------------------------------------
+
+
+def write_jsonl(records: Iterable[RunRecord], stream) -> int:
+    """One record per line; returns how many were written."""
+    n = 0
+    for rec in records:
+        stream.write(json.dumps(rec.to_json(), default=str) + "\n")
+        n += 1
+    return n
+
+
+def read_jsonl(stream) -> list[RunRecord]:
+    return [RunRecord.from_json(json.loads(line)) for line in stream if line.strip()]
+
+
+def platform_summary(env: Mapping) -> str:
+    """One line for tables: GPU name, else CPU model."""
+    return env.get("gpu") or env.get("cpu") or "?"
+

@@ -1,0 +1,269 @@
+"""The results store: run records in one SQLite file, safe for several writing processes.
+
+Each run is written in one transaction, so a crash mid-write leaves no trace of it. WAL mode lets
+readers run beside a writer; the busy timeout makes concurrent writers queue instead of failing.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from aspire_bench.errors import UserError
+from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord
+
+DEFAULT_PATH = "./aspire_results.db"
+BUSY_TIMEOUT_S = 60.0
+
+# Columns of `runs` that list_runs can filter on (API name -> column; GROUP is an SQL keyword).
+FILTERS = {"decoder": "decoder", "model": "model", "task": "task", "sweep": "sweep", "tag": "tag",
+           "group": "grp", "config_hash": "config_hash", "status": "status"}
+
+_V1 = (
+    """CREATE TABLE runs (
+        run_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at TEXT NOT NULL,
+        config_hash TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        sweep TEXT, tag TEXT, grp TEXT,
+        decoder TEXT, model TEXT, task TEXT,
+        config TEXT NOT NULL, env TEXT NOT NULL, info TEXT NOT NULL)""",
+    "CREATE INDEX runs_config_hash ON runs(config_hash)",
+    "CREATE INDEX runs_grp ON runs(grp)",
+    # Queryable per-request figures as columns; everything else of the row in `data` (JSON).
+    """CREATE TABLE requests (
+        run_id INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        prompt_len INTEGER, n_output INTEGER, finish_reason TEXT, score REAL,
+        ttft_s REAL, tpot_s REAL, mean_accepted_len REAL,
+        parity_kind TEXT, parity_first_divergence INTEGER, parity_margin REAL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx))""",
+    # Steps are only ever read whole: one JSON document per run keeps them compact.
+    """CREATE TABLE steps (
+        run_id INTEGER PRIMARY KEY REFERENCES runs(run_id) ON DELETE CASCADE,
+        n_steps INTEGER NOT NULL,
+        data TEXT NOT NULL)""",
+    # Scalars only (metrics.aggregate returns flat numbers), so the gate and reports can query them.
+    # `value` has no declared type so counts come back as integers, not floats.
+    """CREATE TABLE aggregates (
+        run_id INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        value,
+        PRIMARY KEY (run_id, name))""",
+)
+
+# MIGRATIONS[i] takes the schema from version i to i+1; append, never edit a released one.
+# A v2 would be one more tuple, e.g. ("ALTER TABLE runs ADD COLUMN batch_size INTEGER",
+# "UPDATE runs SET batch_size = json_extract(config, '$.batch_size')"), and old stores upgrade on open.
+MIGRATIONS: list[tuple[str, ...]] = [_V1]
+
+# Test seam: called inside save_run's transaction after the runs row is written.
+_mid_write_hook: Callable[[], None] | None = None
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    return row[0] if row else 0
+
+
+class Store:
+    def __init__(self, path: str | Path = DEFAULT_PATH):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE) rather than implicit.
+        self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock up front, so two writers queue on busy_timeout instead of
+        # one failing when it upgrades a read lock.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._transaction() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            current = schema_version(c)
+            if current > len(MIGRATIONS):
+                raise UserError(f"{self.path} has schema v{current}, newer than this aspire-bench "
+                                f"(v{len(MIGRATIONS)}): upgrade aspire-bench to read it")
+            for statements in MIGRATIONS[current:]:
+                for sql in statements:
+                    c.execute(sql)
+            c.execute("DELETE FROM schema_version")
+            c.execute("INSERT INTO schema_version VALUES (?)", (len(MIGRATIONS),))
+
+    # --- write ------------------------------------------------------------------------------
+
+    def save_run(self, record: RunRecord) -> int:
+        """Write the whole record in one transaction; returns its run_id (also set on the record)."""
+        with self._transaction() as c:
+            run_id = c.execute(
+                "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
+                " config, env, info) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
+                 record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
+                 _dumps(record.config), _dumps(record.env), _dumps(record.info)),
+            ).lastrowid
+            if _mid_write_hook is not None:
+                _mid_write_hook()
+            c.executemany(
+                "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [_request_row(run_id, i, r) for i, r in enumerate(record.requests)],
+            )
+            c.execute("INSERT INTO steps VALUES (?,?,?)",
+                      (run_id, len(record.steps), _dumps([_step_list(s) for s in record.steps])))
+            c.executemany("INSERT INTO aggregates VALUES (?,?,?)",
+                          [(run_id, k, v) for k, v in record.aggregates.items()])
+        record.run_id = run_id
+        return run_id
+
+    # --- read -------------------------------------------------------------------------------
+
+    def get_run(self, run_id: int) -> RunRecord:
+        row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise UserError(f"no run {run_id} in {self.path}: `aspire-bench runs --store {self.path}` lists them")
+        run = dict(zip(_columns(self.conn, "runs"), row))
+        requests = [
+            _request_from_db(request_id, prompt_len, finish_reason, score, json.loads(data))
+            for request_id, prompt_len, finish_reason, score, data in self.conn.execute(
+                "SELECT request_id, prompt_len, finish_reason, score, data FROM requests WHERE run_id = ?"
+                " ORDER BY idx", (run_id,))
+        ]
+        steps_row = self.conn.execute("SELECT data FROM steps WHERE run_id = ?", (run_id,)).fetchone()
+        return RunRecord(
+            run_id=run["run_id"], created_at=run["created_at"], config_hash=run["config_hash"],
+            status=run["status"], error=run["error"], sweep=run["sweep"], tag=run["tag"], group=run["grp"],
+            config=json.loads(run["config"]), env=json.loads(run["env"]), info=json.loads(run["info"]),
+            requests=requests, steps=[_step_from_list(s) for s in json.loads(steps_row[0])] if steps_row else [],
+            aggregates=self._aggregates(run_id),
+        )
+
+    def _aggregates(self, run_id: int) -> dict:
+        return dict(self.conn.execute(
+            "SELECT name, value FROM aggregates WHERE run_id = ? ORDER BY rowid", (run_id,)))
+
+    def list_runs(self, limit: int | None = None, **filters: str) -> list[dict]:
+        """Run summaries (runs columns + aggregates), oldest first; filters are FILTERS keys, matched exactly."""
+        unknown = set(filters) - set(FILTERS)
+        if unknown:
+            raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
+        where = [(f"{FILTERS[k]} = ?", v) for k, v in filters.items() if v is not None]
+        sql = ("SELECT run_id, created_at, status, error, decoder, model, task, sweep, tag, grp, config_hash"
+               " FROM runs" + (" WHERE " + " AND ".join(w for w, _ in where) if where else "") + " ORDER BY run_id")
+        params = [v for _, v in where]
+        if limit is not None:
+            # The newest `limit` runs, still listed oldest first.
+            sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY run_id"
+            params.append(limit)
+        cur = self.conn.execute(sql, params)
+        names = ["group" if d[0] == "grp" else d[0] for d in cur.description]
+        return [{**dict(zip(names, row)), "aggregates": self._aggregates(row[0])} for row in cur.fetchall()]
+
+    def find_by_config_hash(self, h: str) -> list[dict]:
+        return self.list_runs(config_hash=h)
+
+    def export(self, format: str = "jsonl", path: str | Path | TextIO = "-", **filters: str) -> int:
+        """Write the runs matching `filters`: jsonl = whole records, csv = one row per run with its
+        aggregates as columns. path "-" is stdout. Returns the number of runs written."""
+        if format not in ("jsonl", "csv"):
+            raise UserError(f"unknown export format {format!r}: use jsonl or csv")
+        summaries = self.list_runs(**filters)
+        with _open_out(path) as out:
+            if format == "jsonl":
+                for s in summaries:
+                    out.write(json.dumps(self.get_run(s["run_id"]).to_json(), default=str) + "\n")
+            else:
+                _write_csv(out, summaries)
+        return len(summaries)
+
+
+# --- row conversions --------------------------------------------------------------------------
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, default=str)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _config_name(config: dict, key: str) -> str | None:
+    """config[key] as a short name: a settings dict is named by its "name" entry."""
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("name")
+    return None if value is None else str(value)
+
+
+def _request_row(run_id: int, idx: int, r: RequestRow) -> tuple:
+    parity = r.parity or {}
+    # The columns are copies for querying; `data` alone rebuilds the row.
+    data = {k: v for k, v in r.__dict__.items() if k not in ("id", "prompt_len", "finish_reason", "score")}
+    return (run_id, idx, r.id, r.prompt_len, len(r.output_ids), r.finish_reason, r.score,
+            r.figures.get("ttft_s"), r.figures.get("tpot_s"), r.figures.get("mean_accepted_len"),
+            parity.get("kind"), parity.get("first_divergence"), parity.get("margin"), _dumps(data))
+
+
+def _request_from_db(request_id: str, prompt_len: int, finish_reason: str, score: float | None,
+                     data: dict) -> RequestRow:
+    data["verifications"] = [tuple(v) for v in data["verifications"]]
+    return RequestRow(id=request_id, prompt_len=prompt_len, finish_reason=finish_reason, score=score, **data)
+
+
+def _step_list(s: StepRecord) -> list:
+    return [s.index, s.t_start, s.t_end, s.n_tokens, [list(r) for r in s.rows]]
+
+
+def _step_from_list(x: list) -> StepRecord:
+    return StepRecord(x[0], x[1], x[2], x[3], [tuple(r) for r in x[4]])
+
+
+@contextmanager
+def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
+    if path == "-":
+        yield sys.stdout
+    elif isinstance(path, (str, Path)):
+        with open(path, "w", newline="") as f:
+            yield f
+    else:
+        yield path
+
+
+def _write_csv(out: TextIO, summaries: list[dict]) -> None:
+    base = [k for k in summaries[0] if k != "aggregates"] if summaries else []
+    names: dict[str, None] = {}  # union of aggregate names, first-seen order
+    for s in summaries:
+        names.update(dict.fromkeys(s["aggregates"]))
+    w = csv.writer(out)
+    w.writerow(base + list(names))
+    for s in summaries:
+        w.writerow([s[k] for k in base] + [s["aggregates"].get(n) for n in names])
