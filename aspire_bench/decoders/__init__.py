@@ -6,6 +6,13 @@ from .base import Decoder, GenerationOutput, Request, RequestResult, SamplingPar
 
 _REGISTRY = {
     "ar": ("aspire_bench.decoders.ar", "ARDecoder", {}),
+    "magicdec": ("aspire_bench.decoders.magicdec", "MagicDecDecoder", {}),
+    "vegas": ("aspire_bench.decoders.vegas", "VegasDecoder", {}),
+    "aspire": ("aspire_bench.decoders.aspire", "AspireDecoder", {}),
+    # ablations of the paper
+    "aspire-fixed": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fixed", "gamma": 5}),
+    "aspire-fsm": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fsm"}),
+    "aspire-norefresh": ("aspire_bench.decoders.aspire", "AspireDecoder", {"refresh": False}),
 }
 
 
@@ -31,4 +38,9 @@ def get_decoder(name: str, **settings) -> Decoder:
         raise ConfigError(f"unknown decoder {name!r}: choose one of {', '.join(_REGISTRY)}")
     import importlib
     module, cls, defaults = _REGISTRY[name]
-    return getattr(importlib.import_module(module), cls)(**{**defaults, **settings})
+    try:
+        dec = getattr(importlib.import_module(module), cls)(**{**defaults, **settings})
+    except TypeError as e:  # an unknown --decoder-arg
+        raise ConfigError(f"decoder {name!r}: {e}") from e
+    dec.name = name
+    return dec

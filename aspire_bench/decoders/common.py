@@ -31,7 +31,7 @@ class ReqState:
     t_prefill_start: float = 0.0
     verifications: list[tuple[int, int]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)  # decoder-specific per-request state/telemetry
+    extra: dict = field(default_factory=dict)  # decoder telemetry; keys starting "_" are working state
 
     @property
     def context_len(self) -> int:
@@ -89,7 +89,7 @@ class BatchedDecoder:
     def sample(self, st: ReqState, logits: torch.Tensor, params: SamplingParams) -> int:
         if params.greedy:
             top = torch.topk(logits, 2).values if logits.shape[-1] > 1 else logits
-            if st.extra.get("record_margins", True) and top.numel() > 1:
+            if top.numel() > 1:
                 st.margins.append(float(top[0] - top[1]))
             return int(torch.argmax(logits))
         return sample_from(logits_to_probs(logits, params), st.gen)
@@ -126,7 +126,7 @@ class BatchedDecoder:
 
     def _admit(self, engine: Engine, i: int, req: Request, params: SamplingParams, clock,
                steps: list[StepTrace]) -> ReqState:
-        slot = engine.alloc(len(req.prompt_ids) + req.max_new_tokens + self.slack())
+        slot = engine.alloc(self._slot_size)
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=engine.device)
@@ -161,9 +161,11 @@ class BatchedDecoder:
         if batch_size < 1:
             raise ConfigError("--batch-size must be at least 1")
         self._check(engine, requests)
-        sizes = sorted((len(r.prompt_ids) + r.max_new_tokens + self.slack() for r in requests), reverse=True)
+        # Equal slots of the longest request's size: any freed slot fits any waiting request, so
+        # continuous batching never fragments the pool.
         ps = engine.page_size
-        engine.reserve(sum(-(-s // ps) * ps for s in sizes[:batch_size]))
+        self._slot_size = -(-max(len(r.prompt_ids) + r.max_new_tokens + self.slack() for r in requests) // ps) * ps
+        engine.reserve(self._slot_size * min(batch_size, len(requests)))
         clock = time.perf_counter
         t_start = clock()
         waiting = deque(enumerate(requests))
@@ -192,8 +194,7 @@ class BatchedDecoder:
         results = []
         for i, req in enumerate(requests):
             st = done[i]
-            extra = dict(st.extra)
-            extra.pop("record_margins", None)
+            extra = {k: v for k, v in st.extra.items() if not k.startswith("_")}  # "_x": working state
             if st.margins:
                 extra["margins"] = st.margins[:len(st.out)]
             results.append(RequestResult(

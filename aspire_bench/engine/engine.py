@@ -92,7 +92,7 @@ class Engine:
                 meta.sparse_pos.append(pos)
         if row.capture is not None:
             meta.capture_layers = frozenset(row.capture.layers)
-            meta.capture_queries = tuple(row.capture.queries)
+            meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last
             meta.capture_reduce = row.capture.reduce
         return meta
 

@@ -1,0 +1,172 @@
+"""ASPIRE (arXiv 2609.17943): asynchronous batched self-speculation.
+
+Every step is one mixed forward in which each request independently drafts (one token through
+its page set) or verifies (d+1 tokens, full attention). While drafting, the refresh layer
+(num_layers - 2) attends fully; its page scores pick the next step's pages (one-token lag).
+A per-request scheduler with a batch-aware cost model chooses when each request verifies.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..engine import PAGE_MAX_SUM, Capture, PageView
+from ..errors import ConfigError
+from .base import StepTrace
+from .scheduler import (DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model,
+                        update_alpha)
+from .selection import page_budget, select_pages
+from .speculative import SpeculativeDecoder
+
+POLICIES = ("adaptive", "fixed", "fsm")
+CALIBRATION_DIR = Path.home() / ".cache" / "aspire-bench" / "calibration"
+
+
+def calibration_key(model: str, device: str, dtype: str, page_size: int, batch_size: int) -> str:
+    safe = "".join(ch if ch.isalnum() else "_" for ch in str(model))[-60:]
+    return f"{safe}-{device}-{dtype}-p{page_size}-b{batch_size}"
+
+
+class AspireDecoder(SpeculativeDecoder):
+    name = "aspire"
+
+    def __init__(self, ratio: float = 0.07, min_pages: int = 32, recent_pages: int = 8, d_max: int = 16,
+                 gamma_init: int = 3, omega: float = 0.8, alpha0: float = 0.9, policy: str = "adaptive",
+                 gamma: int = 5, refresh: bool = True, refresh_layer: int = -2, calibration: str = "auto",
+                 online_fit_every: int = 16):
+        super().__init__()
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown aspire policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        self.ratio, self.min_pages, self.recent_pages = ratio, min_pages, recent_pages
+        self.d_max, self.gamma_init, self.omega, self.alpha0 = d_max, gamma_init, omega, alpha0
+        self.policy, self.gamma = policy, gamma
+        self.refresh, self.refresh_layer = refresh, refresh_layer
+        self.calibration, self.online_fit_every = calibration, online_fit_every
+        self._cost: CostModel = DEFAULT_COST
+        self._samples: list[tuple[float, float, float]] = []
+
+    def settings(self):
+        return {"policy": self.policy, "gamma": self.gamma if self.policy == "fixed" else None,
+                "ratio": self.ratio, "min_pages": self.min_pages, "recent_pages": self.recent_pages,
+                "d_max": self.d_max, "gamma_init": self.gamma_init, "omega": self.omega, "alpha0": self.alpha0,
+                "refresh": self.refresh, "refresh_layer": self.refresh_layer, "cost_model": self._cost.to_dict()}
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _layer(self, engine) -> int:
+        return self.refresh_layer % engine.cfg.num_layers
+
+    def generate(self, engine, requests, params, batch_size, progress=None):
+        self._samples = []
+        self._cost = self._load_calibration(engine, batch_size) or DEFAULT_COST
+        return super().generate(engine, requests, params, batch_size, progress)
+
+    def _load_calibration(self, engine, batch_size) -> CostModel | None:
+        if self.calibration in ("none", "online"):
+            return None
+        if self.calibration == "auto":
+            dtype = str(engine.dtype).replace("torch.", "")
+            path = CALIBRATION_DIR / (calibration_key(engine.name, engine.device.type, dtype, engine.page_size,
+                                                      batch_size) + ".json")
+            if not path.exists():
+                return None
+        else:
+            path = Path(self.calibration)
+            if not path.exists():
+                raise ConfigError(f"calibration file {path} does not exist: run `aspire-bench calibrate` "
+                                  "or pass calibration=auto")
+        d = json.loads(path.read_text())
+        return CostModel(d["beta0"], d["beta_tok"], d["beta_attn"], source=f"calibration:{path.name}",
+                         r2=d.get("r2"))
+
+    def prefill_capture(self, engine):
+        return Capture((self._layer(engine),), (0,), PAGE_MAX_SUM)
+
+    def on_prefilled(self, engine, st, scores):
+        st.extra["_scores"] = scores.get(self._layer(engine))
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def _sched(self, st) -> RequestSchedule:
+        if "_sched" not in st.extra:
+            st.extra["_sched"] = RequestSchedule(alpha=self.alpha0, target=self.gamma_init)
+        return st.extra["_sched"]
+
+    def _pages(self, engine, st, prefix: int):
+        n_pages = -(-prefix // engine.page_size)
+        return select_pages(st.extra.get("_scores"), n_pages,
+                            page_budget(n_pages, self.ratio, self.min_pages), self.recent_pages)
+
+    def wants_verify(self, engine, st, batch: int) -> bool:
+        sch = self._sched(st)
+        d = len(self.pending(st))
+        cap = min(self.d_max, self.max_drafts(st))
+        if d >= cap:
+            return True
+        if self.policy == "fixed":
+            return d >= self.gamma
+        if self.policy == "fsm":
+            return d >= sch.target
+        if not sch.verified and d < self.gamma_init:
+            return False
+        context = st.context_len + d
+        pages = self._pages(engine, st, context - 1)
+        draft_kv = context if pages is None else min(context, int(pages.numel()) * engine.page_size)
+        c = self._cost.cost_ratio(batch, draft_kv, context, d)
+        return d >= best_gamma(sch.alpha, c, cap)
+
+    def step(self, engine, active, params, clock):
+        t0 = clock()
+        r = self._layer(engine)
+        L = engine.cfg.num_layers
+        verify = [self.wants_verify(engine, st, len(active)) for st in active]
+        rows, reads = [], []
+        for st, v in zip(active, verify):
+            if v:
+                rows.append(self.verify_row(st, Capture((r,), (0, -1), PAGE_MAX_SUM)))
+                reads.append(None)
+                continue
+            prefix = st.context_len - 1 + len(self.pending(st))
+            pages = self._pages(engine, st, prefix)
+            view = None if pages is None else PageView(pages)
+            sparse = prefix if pages is None else min(prefix, int(pages.numel()) * engine.page_size)
+            if self.refresh:
+                rows.append(self.draft_row(st, view, frozenset({r}), Capture((r,), (0,), PAGE_MAX_SUM)))
+                reads.append(round(((L - 1) * sparse + prefix) / L) + 1)
+            else:
+                rows.append(self.draft_row(st, view))
+                reads.append(sparse + 1)
+        out = engine.forward(rows)
+        t1 = clock()
+        trace = StepTrace(0, t0, t1)
+        for i, (st, v, row, lg) in enumerate(zip(active, verify, rows, out.logits)):
+            scores = out.captures.get(i, {}).get(r)
+            if v:
+                d = len(self.pending(st))
+                rt = self.finish_verify(engine, st, lg, params, t1)
+                self._after_verify(st, rt.drafted, rt.accepted)
+                st.extra.setdefault("draft_lengths", []).append(d)
+                trace.rows.append(rt)
+            else:
+                self.take_draft(st, lg[-1], params)
+                trace.rows.append(self.draft_trace(st, row, reads[i]))
+            if scores is not None:
+                st.extra["_scores"] = scores
+        trace.t_end = clock()
+        self._observe(trace)
+        return trace
+
+    def _after_verify(self, st, d: int, a: int) -> None:
+        sch = self._sched(st)
+        sch.alpha = update_alpha(sch.alpha, a, d, self.omega)
+        sch.verified = True
+        if self.policy == "fsm":  # +1 when all drafts were accepted, -1 otherwise
+            sch.target = max(1, min(self.d_max, sch.target + (1 if a >= d else -1)))
+
+    def _observe(self, trace: StepTrace) -> None:
+        """Online calibration: refit the cost model from this run's own steps."""
+        if not self._cost.source.startswith(("default", "online")):
+            return
+        self._samples.append((trace.n_tokens, sum(rw.kv_read for rw in trace.rows), trace.wall))
+        if len(self._samples) >= self.online_fit_every and len(self._samples) % self.online_fit_every == 0:
+            fit = fit_cost_model(self._samples[-256:], source="online")
+            if fit.beta_attn > 0 or fit.beta_tok > 0:
+                self._cost = fit

@@ -1,0 +1,47 @@
+"""Sparse draft views: which KV pages / tokens a draft step reads. Pure functions, tested alone."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def streaming_positions(prefix_len: int, sinks: int, budget: int) -> torch.Tensor | None:
+    """StreamingLLM view of [0, prefix_len): the first `sinks` positions plus the most recent ones,
+    `budget` in all; None (= full) when the prefix fits the budget."""
+    if prefix_len <= budget:
+        return None
+    recent = budget - sinks
+    return torch.cat((torch.arange(sinks), torch.arange(prefix_len - recent, prefix_len)))
+
+
+def page_budget(num_pages: int, ratio: float, min_pages: int) -> int:
+    """ASPIRE: k = max(k_min, ceil(ratio * P))."""
+    return max(min_pages, math.ceil(ratio * num_pages))
+
+
+def select_pages(scores: torch.Tensor | None, num_pages: int, budget: int, n_recent: int) -> torch.Tensor | None:
+    """The `n_recent` last pages always, the rest of the budget to the top-scoring pages
+    (scores may cover fewer pages than exist: unscored pages are recent anyway). None = all pages."""
+    if budget >= num_pages:
+        return None
+    n_recent = min(n_recent, budget)
+    recent = torch.arange(num_pages - n_recent, num_pages)
+    s = torch.full((num_pages,), -1.0)
+    if scores is not None:
+        m = min(num_pages, scores.numel())
+        s[:m] = scores[:m].float().cpu()
+    s[num_pages - n_recent:] = float("inf")  # forced
+    return torch.topk(s, budget).indices.sort().values
+
+
+def token_budget(length: int, ratio: float, min_tokens: int) -> int:
+    """Vegas: k = clamp(ceil(ratio * length), min_tokens, length)."""
+    return min(length, max(min_tokens, math.ceil(ratio * length)))
+
+
+def select_tokens(scores: torch.Tensor, length: int, k: int) -> torch.Tensor | None:
+    """Top-k positions of [0, length) by score; None (= all) when k covers them."""
+    if k >= length:
+        return None
+    return torch.topk(scores[:length].float().cpu(), k).indices.sort().values

@@ -1,0 +1,218 @@
+"""Speculative decoders: exact greedy parity with AR, rejection sampling, scheduler, selection, traces."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aspire_bench.decoders import Request, SamplingParams, get_decoder
+from aspire_bench.decoders.base import DRAFT, PREFILL, VERIFY
+from aspire_bench.decoders.scheduler import (CostModel, best_gamma, expected_tokens, fit_cost_model,
+                                             update_alpha)
+from aspire_bench.decoders.selection import (page_budget, select_pages, select_tokens, streaming_positions,
+                                             token_budget)
+from aspire_bench.decoders.speculative import accept_greedy, accept_sampling
+from aspire_bench.engine import Engine, load_model
+
+# Small budgets so that drafts are really sparse at these prompt lengths.
+SPARSE = {
+    "magicdec": dict(budget=48, sinks=4),
+    "vegas": dict(min_tokens=24, ratio=0.05),
+    "aspire": dict(min_pages=2, recent_pages=1),
+    "aspire-fixed": dict(min_pages=2, recent_pages=1),
+    "aspire-fsm": dict(min_pages=2, recent_pages=1),
+    "aspire-norefresh": dict(min_pages=2, recent_pages=1),
+}
+
+
+def make_requests(seed=0, vocab=320):
+    g = torch.Generator().manual_seed(seed)
+    lengths = (300, 90, 450, 200, 610, 130, 520)
+    return [Request(str(i), torch.randint(0, vocab, (n,), generator=g).tolist(), 12 + 5 * i)
+            for i, n in enumerate(lengths)]
+
+
+@pytest.fixture(scope="module")
+def random_engine(checkpoints):
+    path, _ = checkpoints["qwen3"]
+    return Engine(load_model(path), attention_backend="torch", prefill_chunk=128)
+
+
+@pytest.fixture(scope="module")
+def ar_reference(random_engine):
+    return get_decoder("ar").generate(random_engine, make_requests(), SamplingParams(), batch_size=3)
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_greedy_parity_with_ar(name, random_engine, ar_reference):
+    """7 requests of different prompt lengths and max_new_tokens, 3 slots: refills and requests
+    ending at different times; every token equals AR's."""
+    out = get_decoder(name, **SPARSE[name]).generate(random_engine, make_requests(), SamplingParams(), 3)
+    for r, ref in zip(out.results, ar_reference.results):
+        assert r.output_ids == ref.output_ids, f"{name} diverged on request {r.id}"
+        # trace invariant: every committed token after the first comes from a verification (a+1)
+        assert len(r.output_ids) == 1 + sum(a + 1 for _, a in r.verifications)
+    kinds = {row.kind for s in out.steps for row in s.rows}
+    assert {PREFILL, DRAFT, VERIFY} <= kinds
+
+
+def test_aspire_mixes_draft_and_verify_rows_in_one_step(random_engine):
+    out = get_decoder("aspire", **SPARSE["aspire"]).generate(random_engine, make_requests(), SamplingParams(), 4)
+    assert any({r.kind for r in s.rows} == {DRAFT, VERIFY} for s in out.steps)
+    assert all("draft_lengths" in r.extra for r in out.results)
+
+
+def test_sparse_views_never_read_beyond_the_prefix(random_engine):
+    """A spy backend: sparse keys are < the row start (plus the row's own tokens), and full rows
+    never read past start + n."""
+    from aspire_bench.kernels.torch_ref import TorchAttention
+    seen = {"rows": 0}
+
+    class Spy(TorchAttention):
+        def attend(self, layer, q, k_cache, v_cache, meta):
+            for row in meta.rows:
+                if row.sparse and row.sparse[layer] is not None:
+                    pos = row.sparse_pos[layer]
+                    assert pos[:-row.n].numel() == 0 or int(pos[:-row.n].max()) < row.start
+                    assert pos[-row.n:].tolist() == list(range(row.start, row.start + row.n))
+                    seen["rows"] += 1
+            return super().attend(layer, q, k_cache, v_cache, meta)
+
+    random_engine.backend = Spy()
+    try:
+        for name in ("magicdec", "vegas", "aspire"):
+            get_decoder(name, **SPARSE[name]).generate(random_engine, make_requests()[:3], SamplingParams(), 3)
+    finally:
+        random_engine.backend = TorchAttention()
+    assert seen["rows"] > 0
+
+
+def test_bundled_tiny_model_parity():
+    """On the trained model (real acceptance < 1) every decoder reproduces AR greedy."""
+    from aspire_bench.engine.loading import TINY_DIR
+    assert (TINY_DIR / "model.safetensors").exists(), "bundled tiny model missing"
+    eng = Engine.from_pretrained("tiny", attention_backend="torch")
+    text = open(__file__).read()
+    ids = eng.tokenizer.encode(text * 4)
+    reqs = [Request(str(i), ids[i * 37: i * 37 + n], 24) for i, n in enumerate((700, 300, 900, 520, 640, 410))]
+    ref = get_decoder("ar").generate(eng, reqs, SamplingParams(), 4)
+    rejected = 0
+    for name in SPARSE:
+        out = get_decoder(name, **SPARSE[name]).generate(eng, reqs, SamplingParams(), 4)
+        assert [r.output_ids for r in out.results] == [r.output_ids for r in ref.results], name
+        rejected += sum(d > a for r in out.results for d, a in r.verifications)
+    assert rejected > 0  # the drafts were really checked, not trivially all accepted
+
+
+def test_rejection_sampling_matches_target_distribution():
+    """First committed token of a verification is distributed as the target p (chi-square)."""
+    from scipy.stats import chisquare
+    g = torch.Generator().manual_seed(0)
+    V = 6
+    target = torch.randn(2, V, generator=g) * 1.5
+    draft_logits = torch.randn(V, generator=g) * 1.5
+    params = SamplingParams(temperature=0.9, top_k=5)
+    from aspire_bench.decoders.common import logits_to_probs
+    q = logits_to_probs(draft_logits, params)
+    p = logits_to_probs(target[0], params)
+    n = 3000
+    counts = torch.zeros(V)
+    for _ in range(n):
+        x = int(torch.multinomial(q, 1, generator=g))
+        a, nxt = accept_sampling(target, [x], [q], params, g)
+        counts[x if a == 1 else nxt] += 1
+    expected = (p * n).numpy()
+    mask = expected > 0
+    assert counts[~torch.tensor(mask)].sum() == 0  # top-k excluded tokens never appear
+    assert chisquare(counts.numpy()[mask], expected[mask]).pvalue > 0.001
+
+
+def test_accept_greedy():
+    logits = torch.eye(5)[[1, 2, 3, 4]]  # argmax 1, 2, 3, 4
+    assert accept_greedy(logits, [1, 2, 0]) == (2, 3)
+    assert accept_greedy(logits, [1, 2, 3]) == (3, 4)  # all accepted: bonus
+    assert accept_greedy(logits[:1], []) == (0, 1)
+
+
+def test_scheduler_gamma_is_bruteforce_argmax():
+    for alpha in (0.1, 0.5, 0.8, 0.9, 0.99, 1.0):
+        for c in (0.01, 0.05, 0.2, 0.5, 1.0):
+            vals = [(1 - alpha ** (g + 1)) / (1 - alpha) if alpha < 1 else g + 1 for g in range(17)]
+            brute = max(range(17), key=lambda g: (vals[g] / (1 + c * g), -g))
+            assert best_gamma(alpha, c, 16) == brute
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert best_gamma(1.0, 0.01, 16) == 16
+
+
+def test_scheduler_ema_update():
+    assert update_alpha(0.9, 3, 3) == pytest.approx(0.8 * 0.9 + 0.2 * 1.0)
+    assert update_alpha(0.9, 1, 4) == pytest.approx(0.8 * 0.9 + 0.2 * 0.5)  # 1 / min(2, 4)
+    assert update_alpha(0.9, 0, 4) == pytest.approx(0.72)
+    assert update_alpha(0.5, 0, 0) == 0.5
+
+
+def test_aspire_forced_verify_and_warmup(random_engine):
+    from aspire_bench.decoders.common import ReqState
+    dec = get_decoder("aspire")
+    dec._cost = CostModel(0, 0, 1.0)
+    reqs = make_requests()
+    st = ReqState(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1])
+    pend = dec.pending(st)
+    pend.extend([5, 5])  # warm-up: fewer than gamma_init drafts before the first verify -> draft
+    assert not dec.wants_verify(random_engine, st, 1)
+    pend.extend([5] * 14)  # d = d_max = 16 -> verify
+    assert dec.wants_verify(random_engine, st, 1)
+    st2 = ReqState(1, Request("y", reqs[0].prompt_ids, 3), None, None, out=[1])
+    assert dec.wants_verify(random_engine, st2, 1) is False
+    dec.pending(st2).extend([4])  # max_new 3: after 1 output, at most 1 draft
+    assert dec.wants_verify(random_engine, st2, 1)
+
+
+def test_cost_model_fit_recovers_coefficients():
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(64):
+        n, kv = float(torch.randint(1, 100, (1,), generator=g)), float(torch.randint(100, 10**5, (1,), generator=g))
+        samples.append((n, kv, 0.002 + 1e-4 * n + 3e-8 * kv))
+    m = fit_cost_model(samples)
+    assert m.beta0 == pytest.approx(0.002, rel=1e-3) and m.beta_attn == pytest.approx(3e-8, rel=1e-3)
+    assert m.r2 == pytest.approx(1.0)
+    c = m.cost_ratio(batch=8, draft_kv=1000, context=16000, drafts=4)
+    assert c == pytest.approx((0.002 + 8e-4 + 8 * 1000 * 3e-8) / (0.002 + 40e-4 + 8 * 16000 * 3e-8))
+
+
+def test_page_selection_and_budgets():
+    assert page_budget(100, 0.07, 32) == 32 and page_budget(1000, 0.07, 32) == 70
+    assert page_budget(1001, 0.07, 32) == math.ceil(70.07)
+    scores = torch.tensor([0.1, 0.9, 0.05, 0.8, 0.0, 0.3, 0.2, 0.01])
+    # budget 4 with 2 recent pages (6, 7) forced: top-2 of the rest are pages 1 and 3
+    assert select_pages(scores, 8, 4, 2).tolist() == [1, 3, 6, 7]
+    assert select_pages(scores, 8, 8, 2) is None  # budget covers everything: full view
+    # more pages now than were scored: the new ones are recent
+    assert select_pages(scores, 10, 4, 2).tolist() == [1, 3, 8, 9]
+    assert token_budget(10000, 0.05, 256) == 500 and token_budget(1000, 0.05, 256) == 256
+    assert token_budget(100, 0.05, 256) == 100
+    assert select_tokens(torch.tensor([0.5, 0.1, 0.9, 0.3]), 4, 2).tolist() == [0, 2]
+    assert select_tokens(torch.tensor([0.5, 0.1]), 2, 2) is None
+    pos = streaming_positions(100, 4, 20)
+    assert pos.tolist() == [0, 1, 2, 3] + list(range(84, 100))
+    assert streaming_positions(20, 4, 20) is None
+
+
+def test_page_scores_from_hand_made_attention_map():
+    from aspire_bench.kernels.torch_ref import reduce_scores
+    p = torch.zeros(2, 1, 8)  # 2 heads, 1 query, 8 positions, page size 4
+    p[0, 0] = torch.tensor([0.5, 0, 0, 0, 0.25, 0.25, 0, 0])
+    p[1, 0] = torch.tensor([0, 0, 0, 0, 0, 0, 0.5, 0.5])
+    torch.testing.assert_close(reduce_scores(p, [0], "page_max_sum", 4), torch.tensor([0.5, 1.5]))
+    torch.testing.assert_close(reduce_scores(p, [0], "token_mean", 4),
+                               torch.tensor([0.25, 0, 0, 0, 0.125, 0.125, 0.25, 0.25]))
+
+
+def test_unknown_decoder_and_setting_messages():
+    from aspire_bench.errors import ConfigError
+    with pytest.raises(ConfigError, match="unknown decoder 'nope'.*aspire"):
+        get_decoder("nope")
+    with pytest.raises(ConfigError, match="magicdec.*gama"):
+        get_decoder("magicdec", gama=3)
