@@ -39,7 +39,7 @@ def decoder_options(f):
         click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
                      help="Decoder setting, repeatable (e.g. gamma=4)."),
         click.option("--batch-size", default=8, show_default=True, type=int),
-        click.option("--max-new-tokens", default=128, show_default=True, type=int),
+        click.option("--max-new-tokens", default=None, type=int, help="Default: the task's own."),
         click.option("--temperature", default=0.0, show_default=True, type=float),
         click.option("--top-k", default=0, show_default=True, type=int),
         click.option("--top-p", default=1.0, show_default=True, type=float),
@@ -103,7 +103,7 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
     engine = Engine.from_pretrained(model, dtype, device, attention_backend)
     tok = engine.tokenizer
     prompts = read_prompts(prompts_path, tok)
-    reqs = [Request(rid, ids, max_new_tokens) for rid, ids in prompts]
+    reqs = [Request(rid, ids, max_new_tokens or 128) for rid, ids in prompts]
     params = SamplingParams(temperature, top_k, top_p, seed, engine.cfg.eos_token_ids)
     with TokenProgress(sum(r.max_new_tokens for r in reqs), f"{decoder}") as bar:
         out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
@@ -115,6 +115,57 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
                                 "finish_reason": r.finish_reason}) + "\n")
     tmp.replace(out_path)  # atomic: never a half-written output file
     click.echo(f"wrote {len(out.results)} rows to {out_path}")
+
+
+@main.command("run")
+@model_options
+@decoder_options
+@click.option("--task", default="code-completion", show_default=True, help="See `aspire-bench tasks`.")
+@click.option("--data", default=None, help="Local dataset file/dir (json, jsonl, parquet) instead of the Hub cache.")
+@click.option("--limit", default=8, show_default=True, type=int, help="Samples to run.")
+@click.option("--context-len", default=None, help="Context bucket, e.g. 4k, 16k, 32k, 30-40k.")
+@click.option("--repeat", default=1, show_default=True, type=int, help="Measured repeats (median stored).")
+@click.option("--parity", is_flag=True, help="Also run AR greedy and compare token for token.")
+@click.option("--store", default="aspire_results.db", show_default=True, help="SQLite results store.")
+@click.option("--tag", default=None, help="Free label stored with the run.")
+def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
+                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag):
+    """Run a decoder on a task, print a summary and store the run."""
+    from .harness.runner import RunConfig, run
+    from .harness.tables import print_summary
+    cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
+                    data=data, limit=limit, context_len=context_len, batch_size=batch_size,
+                    max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    repeat=repeat, parity=parity, dtype=dtype, device=device,
+                    attention_backend=attention_backend)
+    result = run(cfg, store=store, tag=tag)
+    print_summary([result.record], title=f"{task} on {model}")
+    click.echo(f"stored run {result.run_id} in {store}")
+
+
+@main.command("tasks")
+def tasks_command():
+    """List the tasks."""
+    from .tasks import describe_tasks
+    for name, desc in describe_tasks():
+        click.echo(f"{name:18s} {desc}")
+
+
+@main.command("decoders")
+def decoders_command():
+    """List the decoders."""
+    from .decoders import decoder_names
+    for name in decoder_names():
+        click.echo(name)
+
+
+def _register_commands():
+    from .harness.store_cli import COMMANDS as store_commands
+    for cmd in store_commands:
+        main.add_command(cmd)
+
+
+_register_commands()
 
 
 if __name__ == "__main__":

@@ -48,3 +48,28 @@ def checkpoints(tmp_path_factory):
     """{family: (path, transformers model)} for qwen3, qwen2 (qkv bias), llama (GQA 4:1, llama3 rope)."""
     root = tmp_path_factory.mktemp("ckpt")
     return {f: (root / f, make_checkpoint(f, root / f)) for f in ("qwen3", "qwen2", "llama")}
+
+
+def train_tokenizer(vocab_size: int = 768):
+    """A small byte-level BPE trained on stdlib text, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from aspire_bench import corpus
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([f.text for f in corpus.list_files("train")[:40]], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="session")
+def random_tiny(tmp_path_factory):
+    """A random-init Qwen3 checkpoint with a real tokenizer: runs tasks end to end through the
+    user-facing loader (its outputs are meaningless; acceptance needs the trained tiny model)."""
+    path = tmp_path_factory.mktemp("random_tiny")
+    make_checkpoint("qwen3", path, vocab_size=768, max_position_embeddings=8192, eos_token_id=0)
+    train_tokenizer().save_pretrained(str(path))
+    return path

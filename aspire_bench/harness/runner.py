@@ -1,0 +1,139 @@
+"""Run a decoder on a task: samples in, timed generation, scores, parity, one stored record out."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from ..decoders import Request, SamplingParams, get_decoder
+from ..decoders.base import GenerationOutput
+from ..engine import Engine
+from ..errors import ConfigError
+from ..progress import TokenProgress
+from ..tasks import get_task
+from ..tasks.base import encode_prompt
+from ..tasks.buckets import parse_bucket
+from . import metrics, records
+from .store import Store
+
+
+@dataclass
+class RunConfig:
+    model: str = "tiny"
+    decoder: str = "ar"
+    decoder_args: dict = field(default_factory=dict)
+    task: str = "code-completion"
+    data: str | None = None
+    limit: int | None = 8
+    context_len: str | None = None
+    batch_size: int = 8
+    max_new_tokens: int | None = None  # None = the task's default
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    repeat: int = 1
+    parity: bool = False
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention_backend: str = "auto"
+    warmup: bool = True
+
+    def identity(self) -> dict:
+        """What makes two runs the same experiment (hashed into config_hash)."""
+        return asdict(self)
+
+
+@dataclass
+class RunResult:
+    run_id: int | None
+    record: records.RunRecord
+
+    @property
+    def aggregates(self) -> dict:
+        return self.record.aggregates
+
+    def __getitem__(self, key):
+        return self.record.aggregates[key]
+
+
+@lru_cache(maxsize=2)
+def load_engine(model: str, dtype: str, device: str, attention_backend: str) -> Engine:
+    """One engine per (model, dtype, device, backend) per process: sweeps and side-by-side
+    comparisons load the weights once."""
+    return Engine.from_pretrained(model, dtype, device, attention_backend)
+
+
+def build_requests(cfg: RunConfig, engine: Engine):
+    if engine.tokenizer is None:
+        raise ConfigError(f"{cfg.model} has no tokenizer files; tasks need one")
+    task = get_task(cfg.task)
+    max_new = cfg.max_new_tokens or task.default_max_new_tokens
+    if cfg.context_len:
+        lo, _ = parse_bucket(cfg.context_len)
+        if lo + max_new > engine.max_context:
+            raise ConfigError(
+                f"context {cfg.context_len} ({lo} tokens) + {max_new} new tokens is longer than the model's "
+                f"maximum context of {engine.max_context}: choose a shorter --context-len or another model")
+    samples = task.samples(engine.tokenizer, limit=cfg.limit, context_len=cfg.context_len, seed=cfg.seed,
+                           data_path=cfg.data, max_length=engine.max_context - max_new)
+    if not samples:
+        raise ConfigError(f"task {cfg.task} produced no samples for context {cfg.context_len!r}: "
+                          "choose another --context-len")
+    reqs = [Request(s.id, encode_prompt(engine.tokenizer, s), max_new) for s in samples]
+    return task, samples, reqs
+
+
+def _generate(decoder_name, decoder_args, engine, reqs, params, batch_size, label, show) -> GenerationOutput:
+    dec = get_decoder(decoder_name, **decoder_args)
+    with TokenProgress(sum(r.max_new_tokens for r in reqs), label, disable=not show) as bar:
+        return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
+
+
+def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | None = None,
+        sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
+        engine: Engine | None = None, **overrides) -> RunResult:
+    """Python API of `aspire-bench run`; keyword overrides apply to RunConfig fields."""
+    cfg = cfg or RunConfig()
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise ConfigError(f"unknown run option {k!r}")
+        setattr(cfg, k, v)
+    if cfg.repeat < 1:
+        raise ConfigError("--repeat must be at least 1")
+    get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
+    engine = engine or load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
+    task, samples, reqs = build_requests(cfg, engine)
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, engine.cfg.eos_token_ids)
+    if cfg.warmup:  # warm-up (allocator, kernels, caches): excluded from every figure
+        warm = [Request(r.id, r.prompt_ids, min(4, r.max_new_tokens)) for r in reqs[:cfg.batch_size]]
+        _generate(cfg.decoder, cfg.decoder_args, engine, warm, params, cfg.batch_size, "warm-up", False)
+    outputs = [_generate(cfg.decoder, cfg.decoder_args, engine, reqs, params, cfg.batch_size,
+                         f"{cfg.decoder} {i + 1}/{cfg.repeat}", show_progress) for i in range(cfg.repeat)]
+    rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
+    median = statistics.median_low(rates)
+    output = outputs[rates.index(median)]  # the median repeat's requests and trace are stored
+
+    parity = None
+    if cfg.parity:
+        if not params.greedy:
+            raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
+        ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
+                                                           "parity (ar)", show_progress)
+        parity = {s.id: metrics.parity(s.output_ids, a.output_ids, a.extra.get("margins", []))
+                  for s, a in zip(output.results, ar.results)}
+    tok = engine.tokenizer
+    texts = {r.id: tok.decode(r.output_ids, skip_special_tokens=True) for r in output.results}
+    scores = {s.id: task.score(s, texts[s.id]) for s in samples}
+    config = cfg.identity()  # resolved decoder settings go to record.info (may include fitted values)
+    record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs},
+                                 records.capture_environment(), texts=texts, scores=scores, parity=parity,
+                                 sweep=sweep, tag=tag, group=group)
+    record.aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
+    record.aggregates["repeats"] = cfg.repeat
+    record.env["attention_backend"] = engine.backend.name
+    run_id = None
+    if store is not None:
+        with Store(store) as st:
+            run_id = st.save_run(record)
+    return RunResult(run_id, record)

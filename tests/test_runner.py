@@ -1,0 +1,77 @@
+"""`aspire-bench run` end to end: tasks in, decoders, figures, the store."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from aspire_bench.cli import main
+from aspire_bench.harness.runner import RunConfig, run
+from aspire_bench.harness.store import Store
+
+
+def test_run_api_stores_a_complete_record(random_tiny, tmp_path):
+    db = tmp_path / "r.db"
+    res = run(RunConfig(model=str(random_tiny), decoder="aspire", decoder_args={"min_pages": 2}, task="needle",
+                        context_len="1k", limit=3, batch_size=2, max_new_tokens=12, parity=True, repeat=2),
+              store=str(db), show_progress=False)
+    a = res.aggregates
+    assert res.run_id is not None and a["n_requests"] == 3
+    assert a["parity_identical_pct"] == 100.0  # greedy speculative == AR
+    assert a["decode_tok_s_min"] <= a["decode_tok_s_median"] <= a["decode_tok_s_max"]
+    assert a["repeats"] == 2 and a["mean_accepted_len"] >= 1.0
+    with Store(db) as st:
+        rec = st.get_run(res.run_id)
+    assert rec.config["decoder"] == "aspire" and rec.config["decoder_args"] == {"min_pages": 2}
+    assert rec.info["policy"] == "adaptive" and rec.env["attention_backend"] == "torch"
+    assert len(rec.requests) == 3 and all(len(r.output_ids) == 12 for r in rec.requests)
+    assert all(r.prompt_len == 1024 for r in rec.requests)
+    assert all(r.score is not None for r in rec.requests)
+
+
+def test_cli_run_prints_summary_and_stores(random_tiny, tmp_path):
+    db = tmp_path / "c.db"
+    r = CliRunner().invoke(main, ["run", "--model", str(random_tiny), "--decoder", "magicdec",
+                                  "--decoder-arg", "budget=64", "--task", "kv-retrieval", "--context-len", "1k",
+                                  "--limit", "2", "--batch-size", "2", "--max-new-tokens", "8", "--store", str(db)])
+    assert r.exit_code == 0, r.output
+    assert "magicdec" in r.output and "stored run 1" in r.output
+    n = sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert n == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "nope"], "unknown task 'nope'"),
+    (["--decoder", "nope"], "unknown decoder 'nope'"),
+    (["--decoder", "aspire", "--decoder-arg", "bogus=1"], "bogus"),
+    (["--task", "needle", "--context-len", "64k"], "maximum context of 8192"),
+    (["--model", "/no/such/dir"], "does not exist"),
+    (["--task", "aime24"], "--data PATH"),
+])
+def test_cli_run_bad_inputs_are_one_line_errors(random_tiny, tmp_path, args, message):
+    base = ["run", "--model", str(random_tiny), "--limit", "1", "--max-new-tokens", "4",
+            "--store", str(tmp_path / "x.db")]
+    if "--model" in args:
+        base = base[:1] + base[3:]
+    r = CliRunner().invoke(main, base + args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "x.db").exists() or sqlite3.connect(tmp_path / "x.db").execute(
+        "SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_generate_command_writes_rows(random_tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "def f(x):\n    return"}) + "\n"
+                       + json.dumps({"id": "b", "input_ids": [5, 6, 7]}) + "\n")
+    out = tmp_path / "o.jsonl"
+    for dec in ("ar", "vegas"):
+        r = CliRunner().invoke(main, ["generate", "--model", str(random_tiny), "--decoder", dec, "--prompts",
+                                      str(prompts), "--out", str(out), "--max-new-tokens", "6"])
+        assert r.exit_code == 0, r.output
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [x["id"] for x in rows] == ["a", "b"]
+        assert all(len(x["output_ids"]) <= 6 and x["finish_reason"] in ("eos", "length") for x in rows)
+        assert isinstance(rows[0]["text"], str)
