@@ -1,0 +1,108 @@
+"""The leaderboard plots, as HTML fragments. plotly.js itself is written once next to the pages.
+
+Only SVG traces (go.Scatter, go.Box), never WebGL ones: the report must render anywhere, headless
+browsers without a GPU included.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from aspire_bench.report.leaderboard import Board, Row, prompt_length
+
+# How many requests' draft-length trajectories to draw per row: enough to show that they differ.
+TRAJECTORY_REQUESTS = 3
+HEIGHT = 380
+
+
+def row_name(row: Row) -> str:
+    return f"{row.label} [{row.setup}]" if row.setup else row.label
+
+
+def _div(fig: go.Figure, div_id: str, title: str, x: str, y: str) -> str:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=HEIGHT,
+                      margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"font": {"size": 10}})
+    html = fig.to_html(full_html=False, include_plotlyjs=False, div_id=re.sub(r"[^A-Za-z0-9_-]", "-", div_id),
+                       default_height=f"{HEIGHT}px", config={"displaylogo": False, "responsive": True})
+    return f"<div class=\"plot\">{html}</div>"
+
+
+def speedup_vs_context(boards: Sequence[Board], div_id: str, title: str) -> str | None:
+    """Speedup over AR against context length, one line per decoder (the ASPIRE paper's Figure 1 view)."""
+    series: dict[str, list[tuple[float, float, str]]] = {}
+    for b in boards:
+        for row in b.rows:
+            x, y = prompt_length(row), row.value("speedup")
+            if x is not None and y is not None:
+                series.setdefault(row_name(row), []).append((x, y, b.context))
+    if not series:
+        return None
+    fig = go.Figure()
+    for name, pts in series.items():
+        pts.sort()
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                                 text=[p[2] for p in pts],
+                                 hovertemplate="%{text}: %{x} tokens<br>speedup %{y:.2f}×<extra>" + name + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    return _div(fig, div_id, title, "context length (median prompt tokens)", "speedup over AR (×)")
+
+
+def accepted_length_distribution(board: Board, div_id: str) -> str | None:
+    """Each request's mean accepted length, per decoder: the spread that per-request scheduling exploits."""
+    fig = go.Figure()
+    for row in board.rows:
+        values = [r.figures.get("mean_accepted_len") for r in row.run.requests]
+        ids = [r.id for r, v in zip(row.run.requests, values) if v is not None]
+        values = [v for v in values if v is not None]
+        if values:
+            fig.add_trace(go.Box(y=values, name=row_name(row), boxpoints="all", jitter=0.4, pointpos=0,
+                                 text=ids, hovertemplate="%{text}: %{y:.2f}<extra></extra>"))
+    if not fig.data:
+        return None
+    return _div(fig, div_id, "mean accepted length per request", "", "tokens per verification")
+
+
+def acceptance_by_position(board: Board, div_id: str) -> str | None:
+    fig = go.Figure()
+    for row in board.rows:
+        pts = sorted((int(k[len("accept_rate_pos"):]), v) for k, v in row.summary.items()
+                     if k.startswith("accept_rate_pos") and v is not None)
+        if pts:
+            fig.add_trace(go.Scatter(x=[k for k, _ in pts], y=[v for _, v in pts], mode="lines+markers",
+                                     name=row_name(row)))
+    if not fig.data:
+        return None
+    fig.update_yaxes(range=[0, 1.05])
+    return _div(fig, div_id, "acceptance by draft position", "draft position k (0-based)",
+                "P(k accepted | draft reached k)")
+
+
+def latency_cdf(board: Board, div_id: str) -> str | None:
+    """Empirical CDF over requests of TPOT, one step line per decoder."""
+    fig = go.Figure()
+    for row in board.rows:
+        tpots = sorted(1000 * r.figures["tpot_s"] for r in row.run.requests if r.figures.get("tpot_s") is not None)
+        if tpots:
+            n = len(tpots)
+            fig.add_trace(go.Scatter(x=tpots, y=[(i + 1) / n for i in range(n)], mode="lines+markers",
+                                     line_shape="hv", name=row_name(row)))
+    if not fig.data:
+        return None
+    fig.update_yaxes(range=[0, 1.02])
+    return _div(fig, div_id, "TPOT distribution over requests (CDF)", "TPOT (ms)", "fraction of requests ≤ x")
+
+
+def draft_trajectories(board: Board, div_id: str) -> str | None:
+    """Draft length chosen at each verification, for a few requests of each decoder that records it."""
+    fig = go.Figure()
+    for row in board.rows:
+        shown = [r for r in row.run.requests if r.extra.get("draft_lengths")][:TRAJECTORY_REQUESTS]
+        for r in shown:
+            lengths = r.extra["draft_lengths"]
+            fig.add_trace(go.Scatter(x=list(range(len(lengths))), y=lengths, mode="lines+markers", line_shape="hv",
+                                     name=f"{row_name(row)} · {r.id}"))
+    if not fig.data:
+        return None
+    return _div(fig, div_id, "draft length over a request (ASPIRE scheduler)", "verification #", "draft length")
