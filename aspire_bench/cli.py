@@ -159,6 +159,33 @@ def decoders_command():
         click.echo(name)
 
 
+@main.command("calibrate")
+@model_options
+@click.option("--batch-size", default=8, show_default=True, type=int)
+@click.option("--context-len", default=4096, show_default=True, type=int, help="Context of each request (tokens).")
+@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--out", default=None, type=click.Path(path_type=Path),
+              help="Where to save the fit (default: the cache aspire looks in).")
+def calibrate_command(model, dtype, device, attention_backend, batch_size, context_len, repeats, out):
+    """Fit ASPIRE's step-cost model on timed mixed steps; aspire uses a matching fit automatically."""
+    from .decoders.calibration import calibrate, save_calibration
+    from .harness.runner import load_engine
+    engine = load_engine(model, dtype, device, attention_backend)
+    if context_len + 32 > engine.max_context:
+        raise UserError(f"--context-len {context_len} exceeds the model's maximum context {engine.max_context}")
+    with click.progressbar(length=1, label="timing mixed steps") as bar:
+        def progress(i, n):
+            bar.length = n
+            bar.update(1)
+        res = calibrate(engine, batch_size, context_len, repeats=repeats, progress=progress)
+    path = save_calibration(res, engine, batch_size, out)
+    click.echo(f"step time = {res['beta0'] * 1e3:.3f} ms + {res['beta_tok'] * 1e6:.2f} us/token + "
+               f"{res['beta_attn'] * 1e9:.3f} ns/KV position read")
+    click.echo(f"R^2 {res['r2']:.3f}; held-out relative error median {res['heldout_rel_err_median']:.1%}, "
+               f"max {res['heldout_rel_err_max']:.1%} over {res['n_samples']} steps")
+    click.echo(f"saved {path}")
+
+
 def _register_commands():
     from .harness.store_cli import COMMANDS as store_commands
     for cmd in store_commands:

@@ -1,0 +1,91 @@
+"""Cost-model calibration: time real mixed steps over a grid of batch compositions, fit the betas.
+
+The fit is what ASPIRE's scheduler uses for c_i = T_draft / T_verify (see scheduler.CostModel).
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
+from .aspire import CALIBRATION_DIR, calibration_key
+from .scheduler import fit_cost_model
+from .selection import page_budget
+
+
+def _time_step(engine: Engine, rows: list[Row]) -> float:
+    t0 = time.perf_counter()
+    engine.forward(rows)
+    return time.perf_counter() - t0
+
+
+def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
+              repeats: int = 3, seed: int = 0, progress=None) -> dict:
+    """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    d_max = max(drafts)
+    engine.reserve(batch_size * (context + d_max + engine.page_size))
+    slots = []
+    for _ in range(batch_size):  # a shared random prompt per slot, prefilled once
+        slot = engine.alloc(context + d_max + 1)
+        ids = torch.randint(0, engine.cfg.vocab_size, (context,), generator=g).tolist()
+        for a in range(0, context, engine.prefill_chunk):
+            engine.forward([Row(slot, ids[a:a + engine.prefill_chunk], a, logits="none")])
+        slots.append(slot)
+    r = engine.cfg.num_layers - 2
+    n_pages = -(-context // engine.page_size)
+    grid = [(n_verify, d, ratio) for n_verify in sorted({0, batch_size // 2, batch_size})
+            for d in drafts for ratio in ratios]
+    samples = []
+    for i, (n_verify, d, ratio) in enumerate(grid):
+        budget = page_budget(n_pages, ratio, 1)
+        pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
+        rows, kv = [], 0
+        for j, slot in enumerate(slots):
+            if j < n_verify:
+                rows.append(Row(slot, [rng.randrange(100)] * (d + 1), context, logits="all",
+                                capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
+                kv += context + d + 1
+            else:
+                rows.append(Row(slot, [rng.randrange(100)], context, view=pages, full_layers=frozenset({r}),
+                                capture=Capture((r,), (0,), PAGE_MAX_SUM)))
+                kv += min(context, budget * engine.page_size) + 1
+        walls = []
+        for _ in range(repeats + 1):  # the first is a warm-up; the median resists machine noise
+            walls.append(_time_step(engine, rows))
+            for slot in slots:
+                engine.rollback(slot, context)
+        samples.append((sum(row.n for row in rows), kv, statistics.median(walls[1:])))
+        if progress:
+            progress(i + 1, len(grid))
+    for slot in slots:
+        engine.free(slot)
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    cut = max(3, int(0.8 * len(order)))
+    train = [samples[i] for i in order[:cut]]
+    held = [samples[i] for i in order[cut:]] or train
+    model = fit_cost_model(train, source="calibration")
+    rel = [abs(model.step_time(n, kv) - t) / t for n, kv, t in held]
+    full = fit_cost_model(samples, source="calibration")
+    return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
+            "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
+            "n_samples": len(samples), "samples": samples}
+
+
+def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | None = None) -> Path:
+    dtype = str(engine.dtype).replace("torch.", "")
+    path = out or CALIBRATION_DIR / (calibration_key(engine.name, engine.device.type, dtype, engine.page_size,
+                                                     batch_size) + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type, "dtype": dtype,
+                               "page_size": engine.page_size}, indent=1))
+    tmp.replace(path)
+    return path
