@@ -128,8 +128,10 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 @click.option("--parity", is_flag=True, help="Also run AR greedy and compare token for token.")
 @click.option("--store", default="aspire_results.db", show_default=True, help="SQLite results store.")
 @click.option("--tag", default=None, help="Free label stored with the run.")
+@click.option("--group", default=None, envvar="ASPIRE_BENCH_GROUP",
+              help="Runs measured side by side share a group; speedups over AR are taken within it.")
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
-                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag):
+                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag, group):
     """Run a decoder on a task, print a summary and store the run."""
     from .harness.runner import RunConfig, run
     from .harness.tables import print_summary
@@ -138,7 +140,7 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, dtype=dtype, device=device,
                     attention_backend=attention_backend)
-    result = run(cfg, store=store, tag=tag)
+    result = run(cfg, store=store, tag=tag, group=group)
     print_summary([result.record], title=f"{task} on {model}")
     click.echo(f"stored run {result.run_id} in {store}")
 
@@ -187,8 +189,10 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
 
 
 def _register_commands():
+    from .gate import COMMANDS as gate_commands
     from .harness.store_cli import COMMANDS as store_commands
-    for cmd in store_commands:
+    from .report.cli import COMMANDS as report_commands
+    for cmd in (*store_commands, *report_commands, *gate_commands):
         main.add_command(cmd)
 
 

@@ -57,6 +57,18 @@ def test_greedy_parity_with_ar(name, random_engine, ar_reference):
     assert {PREFILL, DRAFT, VERIFY} <= kinds
 
 
+def test_oracle_scheduler_is_exact_and_never_verifies_early(random_engine, ar_reference):
+    reqs = make_requests()
+    for r, ref in zip(reqs, ar_reference.results):
+        r.reference_ids = ref.output_ids
+    out = get_decoder("aspire-oracle", **SPARSE["aspire"]).generate(random_engine, reqs, SamplingParams(), 3)
+    for r, ref in zip(out.results, ar_reference.results):
+        assert r.output_ids == ref.output_ids
+        # every verification but a request's last either hit d_max or rejected exactly its last draft
+        for d, a in r.verifications[:-1]:
+            assert a == d - 1 or d == 16
+
+
 def test_aspire_mixes_draft_and_verify_rows_in_one_step(random_engine):
     out = get_decoder("aspire", **SPARSE["aspire"]).generate(random_engine, make_requests(), SamplingParams(), 4)
     assert any({r.kind for r in s.rows} == {DRAFT, VERIFY} for s in out.steps)

@@ -18,7 +18,7 @@ from .scheduler import (DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fi
 from .selection import page_budget, select_pages
 from .speculative import SpeculativeDecoder
 
-POLICIES = ("adaptive", "fixed", "fsm")
+POLICIES = ("adaptive", "fixed", "fsm", "oracle")
 CALIBRATION_DIR = Path.home() / ".cache" / "aspire-bench" / "calibration"
 
 
@@ -29,6 +29,8 @@ def calibration_key(model: str, device: str, dtype: str, page_size: int, batch_s
 
 class AspireDecoder(SpeculativeDecoder):
     name = "aspire"
+    # The oracle policy reads Request.reference_ids: the harness must run AR first.
+    needs_reference = property(lambda self: self.policy == "oracle")
 
     def __init__(self, ratio: float = 0.07, min_pages: int = 32, recent_pages: int = 8, d_max: int = 16,
                  gamma_init: int = 3, omega: float = 0.8, alpha0: float = 0.9, policy: str = "adaptive",
@@ -105,6 +107,13 @@ class AspireDecoder(SpeculativeDecoder):
             return d >= self.gamma
         if self.policy == "fsm":
             return d >= sch.target
+        if self.policy == "oracle":  # hindsight: verify right after the first wrong draft
+            ref = st.req.reference_ids
+            if ref is None:
+                raise ConfigError("aspire-oracle needs the target's tokens (Request.reference_ids); "
+                                  "`aspire-bench run` supplies them under greedy decoding")
+            pos = len(st.out)
+            return d > 0 and (pos + d > len(ref) or self.pending(st)[-1] != ref[pos + d - 1])
         if not sch.verified and d < self.gamma_init:
             return False
         context = st.context_len + d

@@ -22,6 +22,8 @@ class Request:
     # Called on the committed output ids; returns the length to keep when a stop string ended
     # the request, else None. Built by the caller (it may need the tokenizer); decoders only call it.
     stop_check: Callable[[list[int]], int | None] | None = None
+    # The target's own greedy continuation, known in hindsight: only oracle schedulers read it.
+    reference_ids: list[int] | None = None
 
 
 @dataclass

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from ..decoders import Request, SamplingParams, get_decoder
@@ -101,12 +101,20 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         setattr(cfg, k, v)
     if cfg.repeat < 1:
         raise ConfigError("--repeat must be at least 1")
-    get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
+    probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
     engine = engine or load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
     task, samples, reqs = build_requests(cfg, engine)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, engine.cfg.eos_token_ids)
+    ar = None
+    if getattr(probe, "needs_reference", False):  # oracle: the target's greedy tokens, known in hindsight
+        if not params.greedy:
+            raise ConfigError(f"{cfg.decoder} knows the target's tokens only under greedy decoding: "
+                              "use --temperature 0")
+        ar = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
+        for r, a in zip(reqs, ar.results):
+            r.reference_ids = a.output_ids
     if cfg.warmup:  # warm-up (allocator, kernels, caches): excluded from every figure
-        warm = [Request(r.id, r.prompt_ids, min(4, r.max_new_tokens)) for r in reqs[:cfg.batch_size]]
+        warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs[:cfg.batch_size]]
         _generate(cfg.decoder, cfg.decoder_args, engine, warm, params, cfg.batch_size, "warm-up", False)
     outputs = [_generate(cfg.decoder, cfg.decoder_args, engine, reqs, params, cfg.batch_size,
                          f"{cfg.decoder} {i + 1}/{cfg.repeat}", show_progress) for i in range(cfg.repeat)]
@@ -118,8 +126,9 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     if cfg.parity:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
-        ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
-                                                           "parity (ar)", show_progress)
+        if ar is None:
+            ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
+                                                               "parity (ar)", show_progress)
         parity = {s.id: metrics.parity(s.output_ids, a.output_ids, a.extra.get("margins", []))
                   for s, a in zip(output.results, ar.results)}
     tok = engine.tokenizer
