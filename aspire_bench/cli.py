@@ -145,6 +145,20 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
     click.echo(f"stored run {result.run_id} in {store}")
 
 
+@main.command("demo")
+@click.option("--store", default="aspire_results.db", show_default=True)
+@click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
+@click.option("--contexts", default="4k,16k", show_default=True, help="Comma-separated context buckets.")
+@click.option("--limit", default=4, show_default=True, type=int)
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+def demo_command(store, out, contexts, limit, max_new_tokens):
+    """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
+    from .demo import demo
+    index = demo(store, out, tuple(c.strip() for c in contexts.split(",") if c.strip()), limit=limit,
+                 max_new_tokens=max_new_tokens)
+    click.echo(f"leaderboard: {index}")
+
+
 @main.command("tasks")
 def tasks_command():
     """List the tasks."""
