@@ -148,14 +148,17 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
 @main.command("demo")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
-@click.option("--contexts", default="4k,16k", show_default=True, help="Comma-separated context buckets.")
-@click.option("--limit", default=4, show_default=True, type=int)
-@click.option("--max-new-tokens", default=64, show_default=True, type=int)
-def demo_command(store, out, contexts, limit, max_new_tokens):
+@click.option("--contexts", default=None, help="Comma-separated context buckets (default: the demo sweep's).")
+@click.option("--max-new-tokens", default=None, type=int, help="Default: the demo sweep's.")
+def demo_command(store, out, contexts, max_new_tokens):
     """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
     from .demo import demo
-    index = demo(store, out, tuple(c.strip() for c in contexts.split(",") if c.strip()), limit=limit,
-                 max_new_tokens=max_new_tokens)
+    overrides = {}
+    if contexts:
+        overrides["contexts"] = [c.strip() for c in contexts.split(",") if c.strip()]
+    if max_new_tokens:
+        overrides["max_new_tokens"] = max_new_tokens
+    index = demo(store, out, **overrides)
     click.echo(f"leaderboard: {index}")
 
 
@@ -205,8 +208,9 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
 def _register_commands():
     from .gate import COMMANDS as gate_commands
     from .harness.store_cli import COMMANDS as store_commands
+    from .harness.sweep_cli import COMMANDS as sweep_commands
     from .report.cli import COMMANDS as report_commands
-    for cmd in (*store_commands, *report_commands, *gate_commands):
+    for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands):
         main.add_command(cmd)
 
 

@@ -1,26 +1,24 @@
-"""`aspire-bench demo`: the four decoders side by side on the bundled model, ending in a leaderboard."""
+"""`aspire-bench demo`: the packaged demo sweep (AR, MagicDec, Vegas, ASPIRE side by side on the
+bundled model), its summary in the terminal, and a leaderboard."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .harness.records import new_group_id
-from .harness.runner import RunConfig, run
-from .harness.tables import print_summary
+import yaml
 
-DECODERS = ("ar", "magicdec", "vegas", "aspire")
-CONTEXTS = ("4k", "16k")
+from .harness.sweep import expand, run_sweep
+from .harness.sweep_cli import print_sweep_summary
+
+DEMO_SWEEP = Path(__file__).parent / "sweeps" / "demo.yaml"
 
 
-def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", contexts=CONTEXTS,
-         decoders=DECODERS, limit: int = 4, batch_size: int = 4, max_new_tokens: int = 64) -> Path:
-    """Greedy with parity, so every speculative row also shows exactness against AR."""
+def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", **overrides) -> Path:
+    """Overrides replace top-level keys of the demo sweep (e.g. contexts=["4k"], max_new_tokens=32)."""
     from .report import write_report
-    group = new_group_id()
-    records = []
-    for ctx in contexts:
-        for dec in decoders:
-            cfg = RunConfig(model="tiny", decoder=dec, task="code-completion", context_len=ctx, limit=limit,
-                            batch_size=batch_size, max_new_tokens=max_new_tokens, parity=dec != "ar")
-            records.append(run(cfg, store=store, group=group, sweep="demo").record)
-    print_summary(records, title="demo: code-completion on the bundled tiny model (greedy, fp32, CPU)")
+    spec = {**yaml.safe_load(DEMO_SWEEP.read_text()), **overrides}
+    sweep = expand(spec, "demo")
+    outcome = run_sweep(sweep, store)
+    print_sweep_summary(outcome.records, sweep.name)
+    if outcome.failed:
+        raise RuntimeError(f"{len(outcome.failed)} demo cell(s) failed: {outcome.failed[0].error}")
     return write_report(store, out)

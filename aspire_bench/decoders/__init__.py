@@ -42,7 +42,7 @@ def get_decoder(name: str, **settings) -> Decoder:
     module, cls, defaults = _REGISTRY[name]
     try:
         dec = getattr(importlib.import_module(module), cls)(**{**defaults, **settings})
-    except TypeError as e:  # an unknown --decoder-arg
+    except (TypeError, ValueError) as e:  # an unknown or invalid --decoder-arg
         raise ConfigError(f"decoder {name!r}: {e}") from e
     dec.name = name
     return dec

@@ -1,0 +1,56 @@
+"""`aspire-bench sweep SWEEP.yaml`: run a sweep file's cells and print their summary. cli.py adds COMMANDS."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .records import RunRecord
+from .store_cli import store_option
+
+
+@click.command()
+@click.argument("sweep_file", type=click.Path(path_type=Path))
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: cell by cell in this process; ray: one Ray task per cell.")
+@click.option("--resume", is_flag=True, help="Skip the cells already stored with status ok (same config hash).")
+@store_option
+@click.option("--ray-address", default=None, help="Existing Ray cluster (e.g. auto, ray://host:10001); "
+              "default: start a local one.")
+@click.option("--dry-run", is_flag=True, help="List the cells and exit.")
+def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run):
+    """Run a sweep: models x tasks x contexts x batch sizes x ... x decoders (see docs/sweeps.md)."""
+    from .sweep import load_sweep, run_sweep
+    sw = load_sweep(sweep_file)
+    if dry_run:
+        for cell in sw.cells:
+            click.echo(f"{cell.index:4d}  {cell.label()}  {cell.config_hash[:12]}")
+        click.echo(f"{len(sw.cells)} cells in sweep {sw.name}")
+        return
+    out = run_sweep(sw, store_path, executor=executor, resume=resume, ray_address=ray_address)
+    print_sweep_summary(out.records, sw.name)
+    click.echo(f"sweep {sw.name}: {out.ran} cells run, {out.skipped} already stored, {len(out.failed)} failed; "
+               f"invocation {out.invocation}, store {store_path}")
+    for rec in out.failed:
+        c = rec.config
+        click.secho(f"  failed: {c['decoder']} {c['task']} {c.get('context_len') or '-'} on {c['model']}: "
+                    f"{rec.error}", fg="red")
+
+
+def print_sweep_summary(recs: list[RunRecord], name: str) -> None:
+    """One table per model, task, batch size and sampling (context and decoder are its rows)."""
+    from .tables import print_summary
+    tables: dict[tuple, list[RunRecord]] = {}
+    for r in recs:
+        if r.status == "ok":
+            c = r.config
+            key = (c["model"], c["task"], c["batch_size"], c["max_new_tokens"], c["temperature"], c["top_k"],
+                   c["top_p"], c["seed"])
+            tables.setdefault(key, []).append(r)
+    for (model, task, batch, max_new, temp, top_k, top_p, seed), rs in tables.items():
+        sampling = "greedy" if temp == 0 else f"T={temp} top-k={top_k} top-p={top_p}"
+        print_summary(rs, title=f"{name}: {task} on {Path(model).name}, batch {batch}, "
+                                f"max_new {max_new or 'default'}, {sampling}, seed {seed}")
+
+
+COMMANDS = [sweep]
