@@ -162,6 +162,39 @@ def demo_command(store, out, contexts, max_new_tokens):
     click.echo(f"leaderboard: {index}")
 
 
+@main.command("bench")
+@model_options
+@click.option("--task", default="code-completion", show_default=True)
+@click.option("--contexts", default="4k,16k,32k", show_default=True)
+@click.option("--batch-sizes", default="1,8", show_default=True)
+@click.option("--decoders", default=",".join(("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm",
+                                              "aspire-norefresh")), show_default=True)
+@click.option("--repeat", default=3, show_default=True, type=int)
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--limit", default=None, type=int, help="Requests per cell (default: the batch size).")
+@click.option("--store", default="aspire_results.db", show_default=True)
+@click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
+def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
+                  max_new_tokens, temperature, top_k, top_p, seed, limit, store, json_out):
+    """Decoders side by side on the same requests: tok/s, ratios, acceptance, parity, bandwidth."""
+    from rich.console import Console
+
+    from .harness.bench import bench, bench_table
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
+                     max_new_tokens, temperature, top_k, top_p, seed, limit, store, dtype, device, attention_backend)
+    Console().print(bench_table(rows, bw))
+    if json_out:
+        json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size,
+                                         "decoder": r.record.config["decoder"], "run_id": r.record.run_id,
+                                         **r.record.aggregates} for r in rows], indent=1))
+    click.echo(f"stored {len(rows)} runs in {store}")
+
+
 @main.command("tasks")
 def tasks_command():
     """List the tasks."""

@@ -75,3 +75,34 @@ def test_generate_command_writes_rows(random_tiny, tmp_path):
         assert [x["id"] for x in rows] == ["a", "b"]
         assert all(len(x["output_ids"]) <= 6 and x["finish_reason"] in ("eos", "length") for x in rows)
         assert isinstance(rows[0]["text"], str)
+
+
+def test_bench_smoke_table_shape(random_tiny, tmp_path):
+    """`aspire-bench bench` at tiny sizes: one row per (context, batch, decoder), parity filled."""
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k",
+                                  "--batch-sizes", "2", "--decoders", "ar,magicdec,aspire", "--repeat", "2",
+                                  "--max-new-tokens", "6", "--store", str(tmp_path / "b.db"), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    assert [x["decoder"] for x in rows] == ["ar", "magicdec", "aspire"]
+    assert all(x["decode_tok_s_min"] <= x["decode_tok_s_median"] <= x["decode_tok_s_max"] for x in rows)
+    assert rows[1]["parity_identical_pct"] == 100.0 and rows[2]["parity_identical_pct"] == 100.0
+    assert all(x["bytes_per_token"] > 0 and x["memory_bw_gbs"] > 0 for x in rows)
+    assert "baseline" in r.output and "GB/s" in r.output
+    assert sqlite3.connect(tmp_path / "b.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 3
+
+
+def test_prefix_cache_gives_identical_outputs(random_tiny):
+    from aspire_bench.decoders import Request, SamplingParams, get_decoder
+    from aspire_bench.engine import Engine
+    eng = Engine.from_pretrained(str(random_tiny), attention_backend="torch")
+    reqs = [Request(str(i), list(range(5 + i, 300 + 7 * i)), 8) for i in range(3)]
+    plain = get_decoder("vegas", min_tokens=16).generate(eng, reqs, SamplingParams(), 2)
+    eng.prefix_cache = {}
+    first = get_decoder("vegas", min_tokens=16).generate(eng, reqs, SamplingParams(), 2)
+    second = get_decoder("vegas", min_tokens=16).generate(eng, reqs, SamplingParams(), 2)
+    assert [r.output_ids for r in first.results] == [r.output_ids for r in plain.results]
+    assert [r.output_ids for r in second.results] == [r.output_ids for r in plain.results]
+    prefill_tokens = [row.n_tokens for s in second.steps for row in s.rows if row.kind == "prefill"]
+    assert prefill_tokens == [1, 1, 1]  # only the last prompt token ran: the rest came from the cache

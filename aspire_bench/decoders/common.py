@@ -135,9 +135,14 @@ class BatchedDecoder:
         ids = req.prompt_ids
         capture = self.prefill_capture(engine)
         chunk = engine.prefill_chunk
-        # The last prompt token runs alone when scores are captured, so probabilities are only
+        # A cached prompt prefix (all but the last token) is copied in; the last token always runs.
+        # The last token also runs alone when scores are captured, so probabilities are only
         # materialised for one query (not a whole chunk x context).
-        bounds = list(range(0, len(ids) - (1 if capture else 0), chunk)) + ([len(ids) - 1] if capture else [])
+        restored = len(ids) > 1 and engine.restore_prefix(slot, ids[:-1])
+        if restored:
+            bounds = [len(ids) - 1]
+        else:
+            bounds = list(range(0, len(ids) - (1 if capture else 0), chunk)) + ([len(ids) - 1] if capture else [])
         out = None
         for b, start in enumerate(bounds):
             end = bounds[b + 1] if b + 1 < len(bounds) else len(ids)
@@ -152,6 +157,8 @@ class BatchedDecoder:
             committed = self.commit(st, [tok], t1, params.eos_token_ids) if last else 0
             steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,
                                                                kv_read=end)]))
+        if not restored and len(ids) > 1:
+            engine.save_prefix(slot, ids[:-1])
         if capture:
             self.on_prefilled(engine, st, out.captures.get(0, {}))
         return st

@@ -27,6 +27,9 @@ class Engine:
         self.name = name
         self.cache: KVCache | None = None
         self._scale = self.cfg.head_dim ** -0.5
+        # token-id prefix -> its K/V ([layers, kv_heads, n, head_dim] each); None = off. Benchmarks
+        # that replay the same prompts through several decoders turn it on to prefill each once.
+        self.prefix_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
     def from_pretrained(cls, model: str | Path, dtype: str = "float32", device: str = "cpu",
@@ -58,6 +61,24 @@ class Engine:
 
     def rollback(self, slot: Slot, length: int) -> None:
         self.cache.rollback(slot, length)
+
+    # --- prefix cache -----------------------------------------------------------------------------
+    def save_prefix(self, slot: Slot, ids) -> None:
+        """Keep a copy of the KV of `ids` (the slot's first len(ids) positions)."""
+        if self.prefix_cache is not None and slot.length >= len(ids):
+            sl = slice(slot.base, slot.base + len(ids))
+            self.prefix_cache[tuple(ids)] = (self.cache.k[:, :, sl].clone(), self.cache.v[:, :, sl].clone())
+
+    def restore_prefix(self, slot: Slot, ids) -> bool:
+        """Write the cached KV of `ids` into the slot; False when it is not cached."""
+        hit = self.prefix_cache.get(tuple(ids)) if self.prefix_cache is not None else None
+        if hit is None:
+            return False
+        sl = slice(slot.base, slot.base + len(ids))
+        self.cache.k[:, :, sl] = hit[0]
+        self.cache.v[:, :, sl] = hit[1]
+        slot.length = len(ids)
+        return True
 
     # --- forward --------------------------------------------------------------------------------
     def _positions(self, view: View, start: int) -> torch.Tensor:
