@@ -242,8 +242,9 @@ def _register_commands():
     from .gate import COMMANDS as gate_commands
     from .harness.store_cli import COMMANDS as store_commands
     from .harness.sweep_cli import COMMANDS as sweep_commands
+    from .lm_eval_cli import COMMANDS as lm_eval_commands
     from .report.cli import COMMANDS as report_commands
-    for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands):
+    for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands):
         main.add_command(cmd)
 
 
