@@ -61,23 +61,24 @@ class TorchAttention:
             raise ValueError("attention scores can only be captured at a full-attention layer")
         # [Hkv, G, n, D]: query head h = kv * G + g, as in transformers' repeat_kv
         qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3)
-        mask = None
-        if n > 1:
-            kp = torch.arange(k.shape[1], device=q.device) if key_pos is None else key_pos
-            qp = torch.arange(row.start, row.start + n, device=q.device)
-            mask = kp[None, :] <= qp[:, None]  # [n, L], causal by absolute position
+        L = k.shape[1]
         if n >= _SDPA_MIN_QUERIES and not capture:
+            kp = torch.arange(L, device=q.device) if key_pos is None else key_pos
+            mask = kp[None, :] <= torch.arange(row.start, row.start + n, device=q.device)[:, None]
             o = F.scaled_dot_product_attention(qg, k.unsqueeze(1), v.unsqueeze(1), attn_mask=mask,
                                                scale=meta.scale)
             return o.permute(2, 0, 1, 3).reshape(n, hq, d), None
-        s = torch.matmul(qg.reshape(hkv, g * n, d), k.transpose(1, 2)).view(hkv, g, n, -1)
-        s.mul_(meta.scale)
-        if mask is not None:
-            s.masked_fill_(~mask, float("-inf"))
+        # scale the few queries rather than the long score rows
+        s = torch.bmm((qg * meta.scale).reshape(hkv, g * n, d), k.transpose(1, 2)).view(hkv, g, n, L)
+        if n > 1:
+            # Every prefix key is visible to every query; only the row's own n keys (the last n
+            # columns, in order) need the causal triangle.
+            tail = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
+            s[..., L - n:].masked_fill_(tail, float("-inf"))
         p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-        o = torch.matmul(p.view(hkv, g * n, -1), v).view(hkv, g, n, d)
+        o = torch.bmm(p.view(hkv, g * n, L), v).view(hkv, g, n, d)
         scores = None
         if capture:
-            scores = reduce_scores(p.reshape(hq, n, -1).float(), row.capture_queries, row.capture_reduce,
+            scores = reduce_scores(p.reshape(hq, n, L).float(), row.capture_queries, row.capture_reduce,
                                    meta.page_size)
         return o.permute(2, 0, 1, 3).reshape(n, hq, d), scores
