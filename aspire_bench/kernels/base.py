@@ -40,6 +40,7 @@ class AttentionMeta:
     num_tokens: int
     page_size: int
     scale: float
+    backend_cache: dict = field(default_factory=dict)  # a backend's per-forward state, shared by layers
 
 
 class AttentionBackend(Protocol):
