@@ -60,8 +60,13 @@ class Main(click.Group):
 
 @click.group(cls=Main)
 @click.version_option(package_name="aspire-bench")
-def main():
+@click.option("--threads", default=None, type=int, envvar="ASPIRE_BENCH_THREADS",
+              help="CPU threads for torch (default: torch's). On a busy machine 1 is often faster.")
+def main(threads):
     """Benchmark and evaluate long-context speculative decoders (AR, MagicDec, Vegas, ASPIRE)."""
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
 
 
 def read_prompts(path: Path, tokenizer) -> list[tuple[str, list[int]]]:

@@ -172,7 +172,10 @@ def _torch_info() -> dict:
     except ImportError:
         return {"torch": None, "device": None, "gpu": None, "cuda": None}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"torch": torch.__version__, "device": "cuda" if gpu else "cpu", "gpu": gpu, "cuda": torch.version.cuda}
+    # CPU timings depend on the thread count and OpenMP's wait policy as much as on the code.
+    omp = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_NUM"))}
+    return {"torch": torch.__version__, "device": "cuda" if gpu else "cpu", "gpu": gpu, "cuda": torch.version.cuda,
+            "torch_threads": torch.get_num_threads(), "omp_env": omp}
 
 
 def _cpu_model() -> str:
