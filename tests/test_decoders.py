@@ -228,3 +228,20 @@ def test_unknown_decoder_and_setting_messages():
         get_decoder("nope")
     with pytest.raises(ConfigError, match="magicdec.*gama"):
         get_decoder("magicdec", gama=3)
+
+
+def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
+    from aspire_bench.decoders.calibration import calibrate, save_calibration
+    res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
+    assert res["n_samples"] == 3 * 2 * 2 and len(res["samples"]) == res["n_samples"]
+    assert min(res["beta0"], res["beta_tok"], res["beta_attn"]) >= 0
+    path = save_calibration(res, random_engine, 2, tmp_path / "fit.json")
+    dec = get_decoder("aspire", calibration=str(path), **SPARSE["aspire"])
+    out = dec.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
+    assert out.info["cost_model"]["source"] == "calibration:fit.json"
+    online = get_decoder("aspire", calibration="online", online_fit_every=4, **SPARSE["aspire"])
+    out = online.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
+    assert out.info["cost_model"]["source"] in ("online", "default")
+    with pytest.raises(Exception, match="does not exist"):
+        get_decoder("aspire", calibration=str(tmp_path / "none.json")).generate(
+            random_engine, make_requests()[:1], SamplingParams(), 1)
