@@ -189,7 +189,7 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     from rich.console import Console
 
     from .harness.bench import bench, bench_table
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
                      max_new_tokens, temperature, top_k, top_p, seed, limit, store, dtype, device, attention_backend)
     Console().print(bench_table(rows, bw))

@@ -8,10 +8,20 @@ import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.base import DRAFT, PREFILL, VERIFY
-from aspire_bench.decoders.scheduler import (CostModel, best_gamma, expected_tokens, fit_cost_model,
-                                             update_alpha)
-from aspire_bench.decoders.selection import (page_budget, select_pages, select_tokens, streaming_positions,
-                                             token_budget)
+from aspire_bench.decoders.scheduler import (
+    CostModel,
+    best_gamma,
+    expected_tokens,
+    fit_cost_model,
+    update_alpha,
+)
+from aspire_bench.decoders.selection import (
+    page_budget,
+    select_pages,
+    select_tokens,
+    streaming_positions,
+    token_budget,
+)
 from aspire_bench.decoders.speculative import accept_greedy, accept_sampling
 from aspire_bench.engine import Engine, load_model
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from ..engine import PAGE_MAX_SUM, Capture, PageView
 from ..errors import ConfigError
 from .base import StepTrace
-from .scheduler import (DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model,
-                        update_alpha)
+from .scheduler import DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model, update_alpha
 from .selection import page_budget, select_pages
 from .speculative import SpeculativeDecoder
 

@@ -4,8 +4,9 @@ Metrics are never computed here: the harness derives them from the traces (see d
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 # Step kinds, per request row of a step.
 PREFILL = "prefill"  # a chunk of the prompt (commits the first token when it is the last chunk)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
 from ..engine import Capture, Engine, Row, Slot
 from ..errors import ConfigError
-from .base import (PREFILL, GenerationOutput, Request, RequestResult, RowTrace, SamplingParams,
-                   StepTrace)
+from .base import PREFILL, GenerationOutput, Request, RequestResult, RowTrace, SamplingParams, StepTrace
 
 
 @dataclass(eq=False)

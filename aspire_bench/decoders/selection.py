@@ -26,7 +26,6 @@ def select_pages(scores: torch.Tensor | None, num_pages: int, budget: int, n_rec
     if budget >= num_pages:
         return None
     n_recent = min(n_recent, budget)
-    recent = torch.arange(num_pages - n_recent, num_pages)
     s = torch.full((num_pages,), -1.0)
     if scores is not None:
         m = min(num_pages, scores.numel())

@@ -6,8 +6,9 @@ attends to the row's *view* of the prefix [0, start) plus the row's own tokens c
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Union
 
 import torch
 
@@ -45,7 +46,7 @@ class Row:
     slot: Slot
     tokens: Sequence[int]
     start: int
-    view: Union[View, list[View]] = None
+    view: View | list[View] = None
     full_layers: frozenset[int] = frozenset()  # layers that attend fully despite a sparse view
     logits: str = "last"  # "all" | "last" | "none"
     capture: Capture | None = None

@@ -43,7 +43,7 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf(cls, d: dict) -> "ModelConfig":
+    def from_hf(cls, d: dict) -> ModelConfig:
         archs = d.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         family = family or _MODEL_TYPES.get(d.get("model_type", ""))

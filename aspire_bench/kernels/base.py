@@ -6,8 +6,9 @@ cache tensors [kv_heads, capacity, head_dim] directly.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -23,8 +24,8 @@ class RowMeta:
     start: int  # prefix length: the row's tokens sit at positions start..start+n-1 of the slot
     # Per layer: None = full attention over [0, start+n); else pool indices of the attended keys
     # (sparse prefix positions followed by the row's own n positions), and their slot positions.
-    sparse: list[Optional[torch.Tensor]] = field(default_factory=list)
-    sparse_pos: list[Optional[torch.Tensor]] = field(default_factory=list)
+    sparse: list[torch.Tensor | None] = field(default_factory=list)
+    sparse_pos: list[torch.Tensor | None] = field(default_factory=list)
     capture_layers: frozenset[int] = frozenset()
     capture_queries: Sequence[int] = ()
     capture_reduce: str = PAGE_MAX_SUM
