@@ -116,8 +116,8 @@ class AspireDecoder(SpeculativeDecoder):
         if not sch.verified and d < self.gamma_init:
             return False
         context = st.context_len + d
-        pages = self._pages(engine, st, context - 1)
-        draft_kv = context if pages is None else min(context, int(pages.numel()) * engine.page_size)
+        n_pages = -(-context // engine.page_size)  # the draft's KV read: its page budget, not which pages
+        draft_kv = min(context, page_budget(n_pages, self.ratio, self.min_pages) * engine.page_size)
         c = self._cost.cost_ratio(batch, draft_kv, context, d)
         return d >= best_gamma(sch.alpha, c, cap)
 
