@@ -38,6 +38,9 @@ class RunConfig:
     device: str = "cpu"
     attention_backend: str = "auto"
     warmup: bool = True
+    # Prefill each distinct prompt once per process and copy its KV in afterwards (decode figures
+    # exclude prefill; TTFT then measures a copy, not a prefill). For demos and side-by-side sweeps.
+    prefix_cache: bool = False
 
     def identity(self) -> dict:
         """What makes two runs the same experiment (hashed into config_hash)."""
@@ -102,7 +105,12 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     if cfg.repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
-    engine = engine or load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
+    if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it
+        engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
+        if not cfg.prefix_cache:
+            engine.prefix_cache = None
+        elif engine.prefix_cache is None:
+            engine.prefix_cache = {}
     task, samples, reqs = build_requests(cfg, engine)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, engine.cfg.eos_token_ids)
     ar = None

@@ -18,7 +18,8 @@ from .runner import RunConfig, run
 from .store import Store
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
-            "limit", "repeats", "parity", "warmup", "dtype", "device", "attention_backend", "max_retries", "ray"}
+            "limit", "repeats", "parity", "warmup", "prefix_cache", "dtype", "device", "attention_backend",
+            "max_retries", "ray"}
 MODEL_KEYS = {"path", "dtype", "device", "attention_backend"}
 DECODER_KEYS = {"name", "args"}
 TASK_KEYS = {"name", "data", "limit", "contexts", "max_new_tokens"}
@@ -83,7 +84,8 @@ def expand(spec: dict, default_name: str = "sweep") -> Sweep:
     name = str(spec.get("name") or default_name)
     base = {"dtype": spec.get("dtype", "float32"), "device": spec.get("device", "cpu"),
             "attention_backend": spec.get("attention_backend", "auto"), "repeat": int(spec.get("repeats", 1)),
-            "parity": bool(spec.get("parity", False)), "warmup": bool(spec.get("warmup", True))}
+            "parity": bool(spec.get("parity", False)), "warmup": bool(spec.get("warmup", True)),
+            "prefix_cache": bool(spec.get("prefix_cache", False))}
     models = [_model(m) for m in _as_list(spec["models"])]
     decoders = [_decoder(d) for d in _as_list(spec["decoders"])]
     tasks = [_task(t, spec) for t in _as_list(spec["tasks"])]
