@@ -9,6 +9,8 @@ def distinct_n(seq: Sequence[Hashable], n: int = 4) -> float | None:
 
     1.0 means no n-gram repeats; a model stuck in a loop drives it towards 0.
     """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
     total = len(seq) - n + 1
     if total <= 0:
         return None

@@ -1,0 +1,407 @@
+"""Train the bundled tiny Qwen3 model on the stdlib corpus, once, on a CPU (or a GPU).
+
+Long context matters more than low loss here: a draft that sees only a few pages looks good against
+a target that ignores far context anyway. So training ends on long single-package sequences with a
+copy curriculum (spans repeated from thousands of tokens back), which makes induction heads form
+over long distances. Everything is step-count fixed and seeded, so a run is reproducible.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aspire_bench import corpus
+
+EOS = "<|endoftext|>"
+HELDOUT_EVAL_TOKENS = 16_384  # tokens of the held-out stream scored by `heldout_loss` at each context
+
+
+@dataclass
+class TrainSettings:
+    max_steps: int = 560
+    long_fraction: float = 0.2  # last part of the steps, on long single-package sequences
+    short_len: int = 1024
+    long_lens: tuple[int, ...] = (2048, 4096, 2048, 4096, 8192)  # cycled; 8k steps cost ~8x
+    tokens_per_step: int = 2048  # batch = tokens_per_step // seq_len (at least 1)
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    copy_prob: float = 0.5  # share of sequences that get copied spans
+    copy_share: float = 0.1  # share of such a sequence's tokens that are copies
+    vocab_size: int = 4096
+    model: dict = field(default_factory=dict)  # overrides of `model_config` (tests use tiny shapes)
+
+
+def model_config(vocab_size: int, eos_id: int, **overrides):
+    from transformers import Qwen3Config
+
+    shape = dict(
+        hidden_size=128, intermediate_size=384, num_hidden_layers=16, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=32768, tie_word_embeddings=True,
+        # A large base keeps 32k positions distinguishable although training stops at 8k.
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    shape.update(overrides)
+    return Qwen3Config(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=eos_id, **shape)
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+
+def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator((f.text for f in files), trainer=trainer, length=len(files))
+    return tok
+
+
+def save_tokenizer(tok, out_dir: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=32768)
+    fast.save_pretrained(out_dir)
+    # transformers 5 names its own backend class here, which 4.x cannot resolve; both load this name.
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def encode_files(tok, files: list[corpus.SourceFile]) -> list[np.ndarray]:
+    """Token ids of each file, each followed by EOS (the document separator)."""
+    eos = tok.token_to_id(EOS)
+    return [np.array(e.ids + [eos], dtype=np.int32) for e in tok.encode_batch([f.text for f in files])]
+
+
+def package_streams(files: list[corpus.SourceFile], ids: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
+    streams: dict[str, list[np.ndarray]] = {}
+    for f, x in zip(files, ids):
+        streams.setdefault(f.package, []).append(x)
+    return streams
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+def add_copies(seq: np.ndarray, rng: np.random.Generator, share: float) -> None:
+    """Overwrite spans with copies of earlier spans, far back, in place (the copy curriculum).
+
+    Copies land in the second half and come from at least a quarter of the sequence earlier, so for
+    an 8k sequence the model must look 2k-7k tokens back to predict them.
+    """
+    n = len(seq)
+    max_span = max(8, min(256, n // 8))
+    budget = int(share * n)
+    while budget > 0:
+        m = int(rng.integers(max(4, max_span // 8), max_span + 1))
+        dst = int(rng.integers(n // 2, n - m + 1))
+        src_hi = dst - m - n // 4
+        if src_hi <= 0:
+            return
+        src = int(rng.integers(0, src_hi + 1))
+        seq[dst:dst + m] = seq[src:src + m]
+        budget -= m
+
+
+def window(docs: list[np.ndarray], length: int, rng: np.random.Generator) -> np.ndarray:
+    """A random `length`-token window of the documents concatenated in a random order."""
+    order = rng.permutation(len(docs))
+    stream = np.concatenate([docs[i] for i in order])
+    while len(stream) < length:  # a small package: repeat it in a fresh order
+        stream = np.concatenate([stream] + [docs[i] for i in rng.permutation(len(docs))])
+    start = int(rng.integers(0, len(stream) - length + 1))
+    return stream[start:start + length].copy()
+
+
+class Batches:
+    """Deterministic batches: short windows over the whole corpus, long ones within one package."""
+
+    def __init__(self, streams: dict[str, list[np.ndarray]], s: TrainSettings, seed: int):
+        self.s = s
+        self.rng = np.random.default_rng(seed)
+        self.packages = sorted(streams)
+        self.streams = streams
+        sizes = np.array([sum(len(d) for d in streams[p]) for p in self.packages], dtype=np.float64)
+        self.weights = sizes / sizes.sum()
+        self.all_docs = [d for p in self.packages for d in streams[p]]
+
+    def get(self, long_step: int | None) -> torch.Tensor:
+        """A short batch, or (given its index in the long phase) a long one."""
+        long = long_step is not None
+        length = self.s.long_lens[long_step % len(self.s.long_lens)] if long else self.s.short_len
+        rows = []
+        for _ in range(max(1, self.s.tokens_per_step // length)):
+            if long:
+                pkg = self.packages[int(self.rng.choice(len(self.packages), p=self.weights))]
+                seq = window(self.streams[pkg], length, self.rng)
+            else:
+                seq = self._short_window(length)
+            if self.rng.random() < self.s.copy_prob:
+                add_copies(seq, self.rng, self.s.copy_share)
+            rows.append(seq)
+        return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+    def _short_window(self, length: int) -> np.ndarray:
+        # A random file from a random offset, then whole random files until full (files are drawn
+        # uniformly, not by size, so small files weigh more than their share of tokens).
+        doc = self.all_docs[int(self.rng.integers(len(self.all_docs)))]
+        parts = [doc[int(self.rng.integers(len(doc))):]]
+        have = len(parts[0])
+        while have < length:
+            d = self.all_docs[int(self.rng.integers(len(self.all_docs)))]
+            parts.append(d)
+            have += len(d)
+        return np.concatenate(parts)[:length].copy()
+
+
+# --- evaluation (shared with scripts/tiny_model_card.py and the tests) ---------------------------
+
+def heldout_streams(tok) -> dict[str, np.ndarray]:
+    """Each held-out package's files concatenated (sorted by path, EOS-separated) into one stream."""
+    files = corpus.list_files("heldout")
+    return {p: np.concatenate(d) for p, d in package_streams(files, encode_files(tok, files)).items()}
+
+
+def heldout_windows(tok, context: int, total: int = HELDOUT_EVAL_TOKENS) -> list[np.ndarray]:
+    """Non-overlapping `context`-token windows of held-out packages, largest packages first,
+    `total` tokens in all (at least one window)."""
+    streams = heldout_streams(tok)
+    out: list[np.ndarray] = []
+    for pkg in sorted(streams, key=lambda p: -len(streams[p])):
+        s = streams[pkg]
+        for start in range(0, len(s) - context + 1, context):
+            if out and len(out) * context >= total:
+                return out
+            out.append(s[start:start + context])
+    return out
+
+
+def heldout_prefix(tok, context: int, end: int = 20_000) -> np.ndarray:
+    """The `context` tokens before position `end` of the largest held-out package's stream: the same
+    continuation point at every context length, so samples at 1k and 16k context are comparable."""
+    streams = heldout_streams(tok)
+    s = max(streams.values(), key=len)
+    if not context <= end <= len(s):
+        raise ValueError(f"need context <= end <= {len(s)}, got context={context}, end={end}")
+    return s[end - context:end]
+
+
+@torch.no_grad()
+def heldout_loss(model, tok, context: int, total: int = HELDOUT_EVAL_TOKENS) -> float:
+    """Mean next-token loss (nats/token) over every position of held-out windows of `context` tokens."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    nll, count = 0.0, 0
+    for w in heldout_windows(tok, context, total):
+        ids = torch.from_numpy(w.astype(np.int64))[None].to(device)
+        logits = model(ids).logits.float()
+        nll += torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum").item()
+        count += ids.shape[1] - 1
+    model.train(was_training)
+    return nll / count
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def lr_at(step: int, progress: float, s: TrainSettings) -> float:
+    """Linear warmup over steps, then cosine decay over progress (0..1) down to min_lr_ratio."""
+    warm = min(1.0, (step + 1) / s.warmup_steps)
+    return warm * s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Progress:
+    """Training progress 0..1: by step count (reproducible), or by wall clock when a budget is given.
+
+    The machine this runs on is shared, and its speed varies several-fold with other people's load;
+    a wall-clock budget keeps a run within its time, and the record says how many steps it took.
+    """
+
+    def __init__(self, max_steps: int, budget_s: float | None):
+        self.max_steps, self.budget_s, self.t0 = max_steps, budget_s, time.time()
+
+    def __call__(self, step: int) -> float:
+        if self.budget_s is None:
+            return step / self.max_steps
+        return min(1.0, (time.time() - self.t0) / self.budget_s)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_tiny(
+    out_dir: str | Path,
+    *,
+    device: str = "cpu",
+    max_steps: int = 560,
+    minutes: float | None = None,
+    seed: int = 0,
+    threads: int = 2,
+    settings: TrainSettings | None = None,
+    files: list[corpus.SourceFile] | None = None,
+    eval_tokens: int = HELDOUT_EVAL_TOKENS,
+    log_every: int = 10,
+    command: str = "",
+    init_from: str | Path | None = None,
+) -> dict:
+    """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
+
+    `minutes` bounds the whole run's wall time instead of `max_steps` (see `Progress`). `files`
+    defaults to the corpus' train split (tests pass a handful). `eval_tokens=0` skips the held-out
+    evaluation.
+    """
+    import transformers
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    s = settings or TrainSettings()
+    s.max_steps = max_steps
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(seed)
+    if device == "cpu":
+        # Few threads: the machine is shared, and under load every extra thread waits at each op's barrier.
+        torch.set_num_threads(threads)
+    else:
+        s.tokens_per_step *= 8  # a GPU has room for a bigger batch at the same step count
+    t0 = time.time()
+
+    files = corpus.list_files("train") if files is None else files
+    if init_from is None:
+        tok = train_tokenizer(files, s.vocab_size)
+    else:  # continue training a checkpoint of this script: same tokenizer, its weights
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(Path(init_from) / "tokenizer.json"))
+    streams = package_streams(files, encode_files(tok, files))
+    eos_id = tok.token_to_id(EOS)
+    if init_from is None:
+        config = model_config(tok.get_vocab_size(), eos_id, **s.model)
+        model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa").to(device)
+    else:
+        model = Qwen3ForCausalLM.from_pretrained(str(init_from), dtype=torch.float32,
+                                                 attn_implementation="sdpa").to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params:,}  corpus {len(files)} files  "
+          f"{sum(len(d) for v in streams.values() for d in v):,} tokens  ({time.time() - t0:.0f}s)", flush=True)
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=s.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    batches = Batches(streams, s, seed)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    model.train()
+    tokens_seen, losses, t_train = 0, [], time.time()
+    # Tokenizing already took its share of the budget; leave ~3 minutes for evaluation and saving.
+    budget_s = None if minutes is None else minutes * 60 - (t_train - t0) - 180
+    progress = Progress(s.max_steps, budget_s)
+    step, long_from = 0, None
+    while (p := progress(step)) < 1:
+        if long_from is None and p >= 1 - s.long_fraction:
+            long_from = step
+        x = batches.get(None if long_from is None else step - long_from).to(device)
+        lr = lr_at(step, p, s)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with autocast:
+            loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens_seen += x.numel()
+        losses.append(loss.item())
+        if step % log_every == 0:
+            el = time.time() - t_train
+            print(f"step {step:5d}  len {x.shape[1]:5d}x{x.shape[0]}  loss {losses[-1]:.3f}  "
+                  f"lr {lr:.2e}  {tokens_seen / el:,.0f} tok/s  {el / 60:.1f} min", flush=True)
+        step += 1
+
+    # Evaluate the weights as shipped (bf16), not the fp32 ones they were rounded from.
+    model.to(torch.bfloat16).float().eval()
+    previous = json.loads((Path(init_from) / "training.json").read_text()) if init_from else None
+    record = {
+        "command": command,
+        "continued_from": previous,
+        "seed": seed,
+        "device": device,
+        "threads": threads if device == "cpu" else None,
+        "steps": step,
+        "long_phase_from_step": long_from,
+        "budget_minutes": minutes,
+        "settings": asdict(s),
+        "params": n_params,
+        "tokens_seen": tokens_seen + (previous["tokens_seen"] if previous else 0),  # over the whole chain
+        "tokens_seen_this_run": tokens_seen,
+        "train_wall_s": round(time.time() - t_train, 1),
+        # The mean of the last steps, not one step's: a single long batch is noisy.
+        "first_train_loss": round(losses[0], 4),
+        "final_train_loss": round(float(np.mean(losses[-min(20, len(losses)):])), 4),
+        "corpus": {"split": "train", "files": len(files), "sha256": corpus.content_hash(files),
+                   "heldout_packages": list(corpus.HELDOUT_PACKAGES)},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": sys.version.split()[0]},
+    }
+    if eval_tokens:
+        record["heldout_loss"] = {"eval_tokens": eval_tokens} | {
+            str(c): round(heldout_loss(model, tok, c, eval_tokens), 4) for c in (1024, 4096)
+        }
+    save_tokenizer(tok, out_dir)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id)
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    record["wall_s"] = round(time.time() - t0, 1)
+    (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2), flush=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="aspire-bench train-tiny", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="checkpoint directory to write")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--steps", type=int, default=TrainSettings.max_steps)
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="bound the whole run's wall time instead of the step count (shared machines)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (1 is faster on a loaded machine)")
+    ap.add_argument("--quick", action="store_true", help="a 2-layer smoke run of 30 steps on 40 files")
+    ap.add_argument("--init-from", default=None, help="continue training this checkpoint (its tokenizer too)")
+    ap.add_argument("--lr", type=float, default=TrainSettings.lr)
+    ap.add_argument("--warmup-steps", type=int, default=TrainSettings.warmup_steps)
+    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python -m aspire_bench.tinymodel.train " + shlex.join(argv)
+    if args.quick:
+        settings = TrainSettings(short_len=256, long_lens=(512,), tokens_per_step=2048,
+                                 warmup_steps=5, model={"num_hidden_layers": 2})
+        train_tiny(args.out, device=args.device, max_steps=30, seed=args.seed, settings=settings,
+                   files=corpus.list_files("train")[:40], eval_tokens=2048, command=command)
+    else:
+        settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps)
+        train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
+                   threads=args.threads, command=command, init_from=args.init_from, settings=settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

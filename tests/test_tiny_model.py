@@ -1,0 +1,91 @@
+"""The tiny-model trainer, and the checkpoint shipped in aspire_bench/assets/tiny.
+
+The checkpoint tests fail (not skip) when it is missing: it is part of the package.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aspire_bench import corpus
+from aspire_bench.textstats import distinct_n
+from aspire_bench.tinymodel import TINY_DIR
+from aspire_bench.tinymodel.train import TrainSettings, heldout_loss, heldout_prefix, train_tiny
+
+# Held-out tokens differ slightly across CPython versions (the corpus is the installed stdlib) and
+# fp32 sums differ across BLAS builds; a wrong or retrained checkpoint moves the loss far more.
+LOSS_TOLERANCE = 0.05
+
+
+def test_distinct_n():
+    assert distinct_n(list(range(20))) == 1.0
+    assert distinct_n([1, 2, 3, 4] * 10) == pytest.approx(4 / 37)
+    assert distinct_n([1, 2], n=4) is None  # no 4-gram to judge
+    assert distinct_n("abab", n=2) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        distinct_n([1, 2, 3], n=0)
+
+
+def test_train_tiny_runs_and_learns(tmp_path):
+    files = corpus.list_files("train")[:6]
+    settings = TrainSettings(short_len=64, long_lens=(128,), tokens_per_step=512, warmup_steps=3,
+                             vocab_size=512, model={"num_hidden_layers": 2, "hidden_size": 64,
+                                                    "intermediate_size": 128})
+    record = train_tiny(tmp_path, max_steps=40, settings=settings, files=files, eval_tokens=0, log_every=100)
+    assert record["steps"] == 40 and record["long_phase_from_step"] == 32
+    assert record["final_train_loss"] < record["first_train_loss"] - 1.0
+    assert record["corpus"] == {"split": "train", "files": 6, "sha256": corpus.content_hash(files),
+                                "heldout_packages": list(corpus.HELDOUT_PACKAGES)}
+    saved = json.loads((tmp_path / "training.json").read_text())
+    assert saved["tokens_seen"] == record["tokens_seen"] > 0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert model.config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert tok.decode(tok("def f(x):\n    return x\n")["input_ids"]) == "def f(x):\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert (TINY_DIR / "model.safetensors").is_file(), f"no checkpoint in {TINY_DIR}: train and copy it"
+    torch.set_num_threads(2)
+    tok = AutoTokenizer.from_pretrained(TINY_DIR)
+    model = AutoModelForCausalLM.from_pretrained(TINY_DIR, dtype=torch.float32).eval()
+    record = json.loads((TINY_DIR / "training.json").read_text())
+    return tok, model, record
+
+
+def test_shipped_checkpoint_shape(shipped):
+    tok, model, record = shipped
+    c = model.config
+    assert (c.model_type, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+            c.num_key_value_heads, c.head_dim) == ("qwen3", 16, 128, 4, 2, 32)
+    assert c.tie_word_embeddings and c.max_position_embeddings == 32768 and c.vocab_size == 4096
+    assert c.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
+    size = sum(p.stat().st_size for p in TINY_DIR.iterdir())
+    assert size <= 20e6
+    assert record["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_shipped_heldout_loss_matches_record(shipped):
+    tok, model, record = shipped
+    recorded = record["heldout_loss"]
+    loss = heldout_loss(model, tok.backend_tokenizer, 1024, recorded["eval_tokens"])
+    assert abs(loss - recorded["1024"]) < LOSS_TOLERANCE, (loss, recorded["1024"])
+
+
+def test_shipped_greedy_continuation_is_not_a_loop(shipped):
+    tok, model, _ = shipped
+    ids = torch.as_tensor(heldout_prefix(tok.backend_tokenizer, 4096), dtype=torch.long)[None]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=128,
+                             min_new_tokens=128, do_sample=False)
+    new = out[0, ids.shape[1]:].tolist()
+    assert len(new) == 128
+    assert distinct_n(new, 4) >= 0.5, tok.decode(new)
