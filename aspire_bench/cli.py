@@ -200,6 +200,15 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     click.echo(f"stored {len(rows)} runs in {store}")
 
 
+@main.command("train-tiny", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                              "help_option_names": []})
+@click.pass_context
+def train_tiny_command(ctx):
+    """Train the bundled tiny model (arguments: see `aspire-bench train-tiny --help`)."""
+    from .tinymodel.train import main as train_main
+    sys.exit(train_main(ctx.args))
+
+
 @main.command("tasks")
 def tasks_command():
     """List the tasks."""
