@@ -63,6 +63,7 @@ from aspire_bench.decoders.base import Request, SamplingParams
 from aspire_bench.decoders.common import ReqState
 from aspire_bench.engine import Engine, Row
 from aspire_bench.engine import model as model_module
+from aspire_bench.harness.records import cpu_model
 
 GiB = 1 << 30
 GOAL_FRACTION = 0.5  # issue 2: full-attention decode at >= 50% of the measured read bandwidth
@@ -75,16 +76,6 @@ TINY_SHAPE = {
 
 
 # --- machine -----------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
 
 def _median_time(fn, repeats: int) -> float:
     fn()  # warm-up (page faults, thread pool)

@@ -149,7 +149,7 @@ def capture_environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "aspire_bench": aspire_bench.__version__,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         **_torch_info(),
         "transformers": _version("transformers"),
@@ -178,7 +178,7 @@ def _torch_info() -> dict:
             "torch_threads": torch.get_num_threads(), "omp_env": omp}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -11,9 +11,9 @@ import random
 import uuid
 from collections.abc import Iterator
 
-from .base import Sample, Task
-from .exact_length import build_exact, sample_lengths
-from .needle import DEFAULT_CONTEXT, DEFAULT_SAMPLES, starts_with_answer
+from .base import Sample
+from .exact_length import build_exact
+from .needle import SyntheticTask, starts_with_answer
 
 PREFIX = ("Extract the value corresponding to the specified key in the JSON object below.\n\n"
           "JSON data:\n{")
@@ -31,20 +31,13 @@ def _entries(rng: random.Random) -> Iterator[str]:
         first = False
 
 
-class KVRetrievalTask(Task):
+class KVRetrievalTask(SyntheticTask):
     name = "kv-retrieval"
     description = ("synthetic key-value retrieval from a JSON object of UUIDs at an exact token length "
                    "(offline); exact match of the value")
     default_max_new_tokens = 48
     buckets = ("4k", "16k", "32k")
 
-    def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,
-                max_length=None) -> list[Sample]:
-        context_len = context_len or DEFAULT_CONTEXT
-        n = DEFAULT_SAMPLES if limit is None else limit
-        lengths = sample_lengths(context_len, n, lambda i: random.Random(f"{self.name}|len|{seed}|{i}"),
-                                 max_length)
-        return [self._one(tokenizer, i, L, seed, str(context_len)) for i, L in enumerate(lengths)]
 
     def _one(self, tokenizer, i, n_tokens, seed, bucket) -> Sample:
         rng = random.Random(f"{self.name}|{seed}|{n_tokens}|{i}")

@@ -29,7 +29,22 @@ def starts_with_answer(text: str, answer: str) -> bool:
     return not rest or not (rest[0].isalnum() or (answer[-1:].isalnum() and rest[0] in "-_"))
 
 
-class NeedleTask(Task):
+class SyntheticTask(Task):
+    """A task whose samples are generated offline at exact token lengths; subclasses build one."""
+
+    def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,
+                max_length=None) -> list[Sample]:
+        context_len = context_len or DEFAULT_CONTEXT
+        n = DEFAULT_SAMPLES if limit is None else limit
+        lengths = sample_lengths(context_len, n, lambda i: random.Random(f"{self.name}|len|{seed}|{i}"),
+                                 max_length)
+        return [self._one(tokenizer, i, L, seed, str(context_len)) for i, L in enumerate(lengths)]
+
+    def _one(self, tokenizer, i: int, n_tokens: int, seed: int, bucket: str) -> Sample:
+        raise NotImplementedError
+
+
+class NeedleTask(SyntheticTask):
     name = "needle"
     description = ("synthetic multi-key needle retrieval at an exact token length (any bucket, offline); "
                    "exact match of the 7-digit code")
@@ -40,13 +55,6 @@ class NeedleTask(Task):
     def _rng(self, seed, n, i):
         return random.Random(f"{self.name}|{seed}|{n}|{i}")
 
-    def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,
-                max_length=None) -> list[Sample]:
-        context_len = context_len or DEFAULT_CONTEXT
-        n = DEFAULT_SAMPLES if limit is None else limit
-        lengths = sample_lengths(context_len, n, lambda i: random.Random(f"{self.name}|len|{seed}|{i}"),
-                                 max_length)
-        return [self._one(tokenizer, i, L, seed, str(context_len)) for i, L in enumerate(lengths)]
 
     def _one(self, tokenizer, i, n_tokens, seed, bucket) -> Sample:
         rng = self._rng(seed, n_tokens, i)
