@@ -332,7 +332,7 @@ class AspireLM(TemplateLM):
         dec = get_decoder(self.decoder_name, **self.decoder_args)  # fresh per call: decoders keep per-run state
         # Prompts keep their last tokens so that prompt + new tokens (+ the decoder's pending drafts)
         # fit both max_length and the model's context.
-        budget = min(self.max_length, self.engine.max_context - dec.slack()) - max_new
+        budget = min(self.max_length, self.engine.max_context) - max_new
         if budget < 1:
             raise ConfigError(f"max_gen_toks={max_new} leaves no room for the prompt within {self.max_length} tokens")
         reqs = []

@@ -145,17 +145,16 @@ class AspireDecoder(SpeculativeDecoder):
         out = engine.forward(rows)
         t1 = clock()
         trace = StepTrace(0, t0, t1)
-        for i, (st, v, row, lg) in enumerate(zip(active, verify, rows, out.logits)):
+        for i, (st, v, lg) in enumerate(zip(active, verify, out.logits)):
             scores = out.captures.get(i, {}).get(r)
             if v:
-                d = len(self.pending(st))
                 rt = self.finish_verify(engine, st, lg, params, t1)
                 self._after_verify(st, rt.drafted, rt.accepted)
-                st.extra.setdefault("draft_lengths", []).append(d)
+                st.extra.setdefault("draft_lengths", []).append(rt.drafted)
                 trace.rows.append(rt)
             else:
                 self.take_draft(st, lg[-1], params)
-                trace.rows.append(self.draft_trace(st, row, reads[i]))
+                trace.rows.append(self.draft_trace(st, reads[i]))
             if scores is not None:
                 st.extra["_scores"] = scores
         trace.t_end = clock()

@@ -80,10 +80,6 @@ class BatchedDecoder:
     def on_prefilled(self, engine: Engine, st: ReqState, scores: dict[int, torch.Tensor]) -> None:
         pass
 
-    def slack(self) -> int:
-        """KV positions a request may need beyond prompt + max_new_tokens (pending drafts)."""
-        return 0
-
     # --- shared --------------------------------------------------------------------------------
     def sample(self, st: ReqState, logits: torch.Tensor, params: SamplingParams) -> int:
         if params.greedy:
@@ -114,7 +110,7 @@ class BatchedDecoder:
 
     def _check(self, engine: Engine, requests: Sequence[Request]) -> None:
         for r in requests:
-            need = len(r.prompt_ids) + r.max_new_tokens + self.slack()
+            need = len(r.prompt_ids) + r.max_new_tokens
             if not r.prompt_ids:
                 raise ConfigError(f"request {r.id!r} has an empty prompt")
             if need > engine.max_context:
@@ -170,7 +166,7 @@ class BatchedDecoder:
         # Equal slots of the longest request's size: any freed slot fits any waiting request, so
         # continuous batching never fragments the pool.
         ps = engine.page_size
-        self._slot_size = -(-max(len(r.prompt_ids) + r.max_new_tokens + self.slack() for r in requests) // ps) * ps
+        self._slot_size = -(-max(len(r.prompt_ids) + r.max_new_tokens for r in requests) // ps) * ps
         engine.reserve(self._slot_size * min(batch_size, len(requests)))
         clock = time.perf_counter
         t_start = clock()

@@ -48,7 +48,7 @@ class SyncSpeculativeDecoder(SpeculativeDecoder):
                 self.take_draft(st, lg[-1], params)
             self._drafted += 1
             trace.t_end = clock()
-            trace.rows = [self.draft_trace(st, r, n) for st, r, n in zip(drafting, rows, reads)]
+            trace.rows = [self.draft_trace(st, n) for st, n in zip(drafting, reads)]
             return trace
         cap = self.verify_capture(engine)
         rows = [self.verify_row(st, cap) for st in active]

@@ -86,5 +86,5 @@ class SpeculativeDecoder(BatchedDecoder):
         return RowTrace(st.req.id, VERIFY, d + 1, committed, drafted=d, accepted=a, kv_read=start + d + 1)
 
     @staticmethod
-    def draft_trace(st: ReqState, row: Row, kv_read: int) -> RowTrace:
+    def draft_trace(st: ReqState, kv_read: int) -> RowTrace:
         return RowTrace(st.req.id, DRAFT, 1, 0, kv_read=kv_read)

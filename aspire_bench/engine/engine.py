@@ -50,7 +50,7 @@ class Engine:
             c = self.cfg
             self.cache = KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.dtype, self.device,
                                  self.page_size)
-        self.cache._free = [(0, self.cache.capacity)]
+        self.cache.reset()
         return self.cache
 
     def alloc(self, max_len: int) -> Slot:

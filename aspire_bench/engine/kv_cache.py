@@ -60,6 +60,10 @@ class KVCache:
         L, H, _, D = self.k.shape
         return 2 * L * H * D * self.k.element_size()
 
+    def reset(self) -> None:
+        """Every slot free again (the tensors stay allocated)."""
+        self._free = [(0, self.capacity)]
+
     def alloc(self, max_len: int) -> Slot:
         size = -(-max_len // self.page_size) * self.page_size
         for i, (start, free) in enumerate(self._free):
