@@ -176,25 +176,29 @@ def demo_command(store, out, contexts, max_new_tokens):
                                               "aspire-norefresh")), show_default=True)
 @click.option("--repeat", default=3, show_default=True, type=int)
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--top-k", default=0, show_default=True, type=int)
-@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--sampling", default="greedy,paper", show_default=True,
+              help="Sampling settings, each run on the same prefilled requests: greedy (parity is checked), "
+                   "paper (temperature 0.7, top-k 50, top-p 0.9, the ASPIRE paper's), or temperature:top_k:top_p.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--limit", default=None, type=int, help="Requests per cell (default: the batch size).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, temperature, top_k, top_p, seed, limit, store, json_out):
+                  max_new_tokens, sampling, seed, limit, store, json_out):
     """Decoders side by side on the same requests: tok/s, ratios, acceptance, parity, bandwidth."""
     from rich.console import Console
 
-    from .harness.bench import bench, bench_table
+    from .harness.bench import bench, bench_table, parse_sampling
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
+    try:
+        samplings = [parse_sampling(x) for x in split(sampling)]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sampling") from None
     rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
-                     max_new_tokens, temperature, top_k, top_p, seed, limit, store, dtype, device, attention_backend)
+                     max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend)
     Console().print(bench_table(rows, bw))
     if json_out:
-        json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size,
+        json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
                                          "decoder": r.record.config["decoder"], "run_id": r.record.run_id,
                                          **r.record.aggregates} for r in rows], indent=1))
     click.echo(f"stored {len(rows)} runs in {store}")

@@ -78,20 +78,29 @@ def test_generate_command_writes_rows(random_tiny, tmp_path):
 
 
 def test_bench_smoke_table_shape(random_tiny, tmp_path):
-    """`aspire-bench bench` at tiny sizes: one row per (context, batch, decoder), parity filled."""
+    """`aspire-bench bench` at tiny sizes: one row per (context, batch, sampling, decoder); parity under greedy."""
     out = tmp_path / "bench.json"
     r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k",
                                   "--batch-sizes", "2", "--decoders", "ar,magicdec,aspire", "--repeat", "2",
-                                  "--max-new-tokens", "6", "--store", str(tmp_path / "b.db"), "--json", str(out)],
-                           env={"COLUMNS": "220"})
+                                  "--sampling", "greedy,paper", "--max-new-tokens", "6",
+                                  "--store", str(tmp_path / "b.db"), "--json", str(out)],
+                           env={"COLUMNS": "240"})
     assert r.exit_code == 0, r.output
     rows = json.loads(out.read_text())
-    assert [x["decoder"] for x in rows] == ["ar", "magicdec", "aspire"]
+    assert [(x["sampling"], x["decoder"]) for x in rows] == [
+        (s, d) for s in ("greedy", "paper") for d in ("ar", "magicdec", "aspire")]
     assert all(x["decode_tok_s_min"] <= x["decode_tok_s_median"] <= x["decode_tok_s_max"] for x in rows)
     assert rows[1]["parity_identical_pct"] == 100.0 and rows[2]["parity_identical_pct"] == 100.0
+    assert all(x.get("parity_identical_pct") is None for x in rows[3:])  # sampled runs have no parity
     assert all(x["bytes_per_token"] > 0 and x["memory_bw_gbs"] > 0 for x in rows)
-    assert "x best baseline" in r.output and "achieved GB/s" in r.output
-    assert sqlite3.connect(tmp_path / "b.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 3
+    assert "x best baseline" in r.output and "achieved GB/s" in r.output and "paper" in r.output
+    db = sqlite3.connect(tmp_path / "b.db")
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 6
+
+
+def test_bench_rejects_unknown_sampling(random_tiny):
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--sampling", "hot"])
+    assert r.exit_code != 0 and "unknown sampling setting 'hot'" in r.output
 
 
 def test_prefix_cache_gives_identical_outputs(random_tiny):

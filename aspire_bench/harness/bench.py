@@ -20,6 +20,35 @@ from .store import Store
 
 DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
 BASELINES = ("magicdec", "vegas")
+# Named sampling settings: greedy is the parity setting, "paper" the ASPIRE paper's sampling setting.
+SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (0.7, 50, 0.9)}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_k: int
+    top_p: float
+
+    @property
+    def name(self) -> str:
+        for name, v in SAMPLINGS.items():
+            if v == (self.temperature, self.top_k, self.top_p):
+                return name
+        return f"T{self.temperature:g}/k{self.top_k}/p{self.top_p:g}"
+
+
+def parse_sampling(spec: str) -> Sampling:
+    """`greedy`, `paper`, or `T:k:p` (e.g. `1.0:0:1.0`)."""
+    spec = spec.strip()
+    if spec in SAMPLINGS:
+        return Sampling(*SAMPLINGS[spec])
+    try:
+        t, k, p = spec.split(":")
+        return Sampling(float(t), int(k), float(p))
+    except ValueError:
+        raise ValueError(f"unknown sampling setting {spec!r}: use {', '.join(SAMPLINGS)} or "
+                         f"temperature:top_k:top_p such as 0.7:50:0.9") from None
 
 
 def memory_read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
@@ -59,12 +88,13 @@ def add_parity(rec: records.RunRecord, ar: records.RunRecord) -> None:
 class BenchRow:
     context: str
     batch_size: int
+    sampling: str
     record: records.RunRecord
 
 
 def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "16k", "32k"), batch_sizes=(1, 8),
-          decoders=DECODERS, repeat: int = 3, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-          top_p: float = 1.0, seed: int = 0, limit: int | None = None, store: str | None = None,
+          decoders=DECODERS, repeat: int = 3, max_new_tokens: int = 128,
+          samplings=(Sampling(*SAMPLINGS["greedy"]),), seed: int = 0, limit: int | None = None, store: str | None = None,
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
           show_progress: bool = True) -> tuple[list[BenchRow], float]:
     engine = load_engine(model, dtype, device, attention_backend)
@@ -77,42 +107,51 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     try:
         for ctx in contexts:
             for bs in batch_sizes:
-                group = records.new_group_id()
-                ar = None
-                for dec in decoders:
-                    cfg = RunConfig(model=model, decoder=dec, task=task, context_len=ctx, limit=limit or bs,
-                                    batch_size=bs, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_k=top_k, top_p=top_p, seed=seed, repeat=repeat, dtype=dtype, device=device,
-                                    attention_backend=attention_backend)
-                    rec = run(cfg, group=group, sweep="bench", engine=engine, show_progress=show_progress).record
-                    if dec == "ar":
-                        ar = rec
-                    elif ar is not None and temperature == 0:
-                        add_parity(rec, ar)
-                    total = bytes_read(rec, weights, kv_per_pos)
-                    a = rec.aggregates
-                    a["bytes_per_token"] = total / a["generated_tokens"] if a.get("generated_tokens") else None
-                    a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
-                    a["memory_bw_gbs"] = bandwidth / 1e9
-                    if store is not None:
-                        with Store(store) as st:
-                            st.save_run(rec)
-                    rows.append(BenchRow(ctx, bs, rec))
+                # Every setting of a cell reuses the prefix cache: each prompt is prefilled once.
+                for smp in samplings:
+                    rows += _cell(engine, model, task, ctx, bs, smp, decoders, repeat, max_new_tokens, seed, limit,
+                                  store, dtype, device, attention_backend, show_progress, weights, kv_per_pos, bandwidth)
     finally:
         engine.prefix_cache = None
     return rows, bandwidth
 
 
+def _cell(engine, model, task, ctx, bs, smp: Sampling, decoders, repeat, max_new_tokens, seed, limit, store, dtype,
+          device, attention_backend, show_progress, weights, kv_per_pos, bandwidth) -> list[BenchRow]:
+    group = records.new_group_id()
+    ar, rows = None, []
+    for dec in decoders:
+        cfg = RunConfig(model=model, decoder=dec, task=task, context_len=ctx, limit=limit or bs,
+                        batch_size=bs, max_new_tokens=max_new_tokens, temperature=smp.temperature,
+                        top_k=smp.top_k, top_p=smp.top_p, seed=seed, repeat=repeat, dtype=dtype, device=device,
+                        attention_backend=attention_backend)
+        rec = run(cfg, group=group, sweep="bench", engine=engine, show_progress=show_progress).record
+        if dec == "ar":
+            ar = rec
+        elif ar is not None and smp.temperature == 0:
+            add_parity(rec, ar)
+        total = bytes_read(rec, weights, kv_per_pos)
+        a = rec.aggregates
+        a["bytes_per_token"] = total / a["generated_tokens"] if a.get("generated_tokens") else None
+        a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
+        a["memory_bw_gbs"] = bandwidth / 1e9
+        if store is not None:
+            with Store(store) as st:
+                st.save_run(rec)
+        rows.append(BenchRow(ctx, bs, smp.name, rec))
+    return rows
+
+
 def bench_table(rows: list[BenchRow], bandwidth: float):
     from rich.table import Table
     t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s)")
-    for col in ("context", "batch", "decoder", "decode tok/s (min-max)", "x AR", "x best baseline",
+    for col in ("context", "batch", "sampling", "decoder", "decode tok/s (min-max)", "x AR", "x best baseline",
                 "accepted len", "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
-        t.add_column(col, justify="left" if col in ("context", "decoder") else "right")
+        t.add_column(col, justify="left" if col in ("context", "sampling", "decoder") else "right")
     cells: dict[tuple, list[BenchRow]] = {}
     for r in rows:
-        cells.setdefault((r.context, r.batch_size), []).append(r)
-    for (ctx, bs), rs in cells.items():
+        cells.setdefault((r.context, r.batch_size, r.sampling), []).append(r)
+    for (ctx, bs, smp), rs in cells.items():
         speed = {r.record.config["decoder"]: r.record.aggregates.get("decode_tok_s_median") for r in rs}
         ar = speed.get("ar")
         base = max((speed[b] for b in BASELINES if speed.get(b)), default=None)
@@ -122,7 +161,7 @@ def bench_table(rows: list[BenchRow], bandwidth: float):
             d4 = a.get("distinct4_mean")
             collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
             t.add_row(
-                ctx, str(bs), dec,
+                ctx, str(bs), smp, dec,
                 f"{tok:,.1f} ({a['decode_tok_s_min']:,.0f}-{a['decode_tok_s_max']:,.0f})" if tok else "—",
                 f"{tok / ar:.2f}" if tok and ar else "—",
                 f"{tok / base:.2f}" if tok and base and dec not in BASELINES else "—",

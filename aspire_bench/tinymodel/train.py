@@ -388,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init-from", default=None, help="continue training this checkpoint (its tokenizer too)")
     ap.add_argument("--lr", type=float, default=TrainSettings.lr)
     ap.add_argument("--warmup-steps", type=int, default=TrainSettings.warmup_steps)
+    ap.add_argument("--long-fraction", type=float, default=TrainSettings.long_fraction,
+                    help="share of the run spent on long single-package sequences (the copy curriculum)")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m aspire_bench.tinymodel.train " + shlex.join(argv)
@@ -397,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         train_tiny(args.out, device=args.device, max_steps=30, seed=args.seed, settings=settings,
                    files=corpus.list_files("train")[:40], eval_tokens=2048, command=command)
     else:
-        settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps)
+        settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps, long_fraction=args.long_fraction)
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
                    threads=args.threads, command=command, init_from=args.init_from, settings=settings)
     return 0
