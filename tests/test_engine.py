@@ -169,3 +169,24 @@ def test_slots_are_reused_after_free(checkpoints):
     eng.free(b)
     assert eng.alloc(320).base == 0  # neighbours coalesced
     assert cache.capacity == 320
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_random_model_has_the_loaded_layout(checkpoints, family):
+    """random_model (per-step costs of shapes without weights) builds what load_model builds from the
+    same config.json: same fused tensors and shapes (qk-norm, qkv bias), and a forward that runs."""
+    path = checkpoints[family][0]
+    from aspire_bench.engine.loading import random_model
+    loaded = load_model(path)
+    rand = random_model(json.loads((path / "config.json").read_text()), seed=1)
+    for a, b in zip(loaded.layers, rand.layers):
+        for name in vars(a):
+            ta, tb = getattr(a, name), getattr(b, name)
+            assert (ta is None) == (tb is None), name
+            if ta is not None:
+                assert ta.shape == tb.shape and ta.dtype == tb.dtype, name
+    assert rand.embed.shape == loaded.embed.shape
+    eng = Engine(rand)
+    eng.reserve(64)
+    out = eng.forward([Row(eng.alloc(32), [1, 2, 3], 0, logits="all")])
+    assert out.logits[0].shape == (3, rand.cfg.vocab_size) and torch.isfinite(out.logits[0]).all()

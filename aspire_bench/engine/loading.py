@@ -94,15 +94,56 @@ def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu") -> Transformer:
     path = resolve_model_path(model)
     dev = resolve_device(device)
+    return build_model(read_config(path), load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
+
+
+def random_model(hf_config: dict, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                 seed: int = 0) -> Transformer:
+    """A random-init model of a config.json's shape, made on the device (no checkpoint written).
+
+    For per-step costs of shapes whose weights are not at hand (e.g. Qwen3-1.7B on a GPU); its outputs
+    mean nothing. Weights ~ N(0, 0.02), norms 1, biases 0, as transformers initialises them.
+    """
+    cfg = ModelConfig.from_hf(hf_config)
+    dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    cfg = read_config(path)
-    sd = load_state_dict(path)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+
+    def w(*shape):
+        return torch.empty(shape, device=dev, dtype=dt).normal_(0.0, 0.02, generator=g)
+
+    sd = {"model.embed_tokens.weight": w(cfg.vocab_size, h), "model.norm.weight": torch.ones(h, device=dev, dtype=dt)}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = w(cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        outs = {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d, "v": cfg.num_kv_heads * d}
+        for x, rows in outs.items():
+            sd[p + f"self_attn.{x}_proj.weight"] = w(rows, h)
+            if cfg.attention_bias:
+                sd[p + f"self_attn.{x}_proj.bias"] = torch.zeros(rows, device=dev, dtype=dt)
+        if cfg.qk_norm:
+            sd[p + "self_attn.q_norm.weight"] = torch.ones(d, device=dev, dtype=dt)
+            sd[p + "self_attn.k_norm.weight"] = torch.ones(d, device=dev, dtype=dt)
+        sd[p + "self_attn.o_proj.weight"] = w(h, cfg.num_heads * d)
+        sd[p + "mlp.gate_proj.weight"] = w(i, h)
+        sd[p + "mlp.up_proj.weight"] = w(i, h)
+        sd[p + "mlp.down_proj.weight"] = w(h, i)
+        sd[p + "input_layernorm.weight"] = torch.ones(h, device=dev, dtype=dt)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(h, device=dev, dtype=dt)
+    return build_model(cfg, sd, dt, dev, "random init")
+
+
+def build_model(cfg: ModelConfig, sd: dict[str, torch.Tensor], dt: torch.dtype, dev: torch.device,
+                source: str) -> Transformer:
+    """Our fused layout from Hugging Face parameter names (whatever their dtype/device)."""
 
     def get(name: str, required: bool = True):
         t = sd.get(name)
         if t is None:
             if required:
-                raise CheckpointError(f"weight {name!r} is missing from the checkpoint in {path}")
+                raise CheckpointError(f"weight {name!r} is missing from the checkpoint in {source}")
             return None
         return t.to(device=dev, dtype=dt)
 

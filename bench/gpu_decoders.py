@@ -1,0 +1,127 @@
+"""Decoders side by side on one CUDA GPU with the Triton backend (one run, < 10 minutes on an H200).
+
+    python bench/gpu_decoders.py --out gpu_decoders            # writes gpu_decoders/*.json
+    python bench/gpu_decoders.py --out o --quick               # 16k only, 2 repeats
+    python bench/gpu_decoders.py --out o --dry-run             # the same code on the CPU at 1k (tests)
+
+1. The bundled tiny model (fp32, Triton attention), `aspire-bench bench` exactly as on the CPU:
+   ar, magicdec, vegas, aspire on code-completion, batch 8, 128 new tokens, 16k and 32k contexts,
+   greedy (parity against AR, token for token) and the paper's sampling (0.7 / 50 / 0.9), 3 repeats.
+   Results also go to a SQLite store (`<out>/gpu_decoders.db`) that `aspire-bench report` can publish.
+2. A random-init model of Qwen3-1.7B's shape (bf16, Triton) through `bench/step_costs.py`: the time of
+   an AR step, an ASPIRE draft step (7% pages + refresh layer), a MagicDec window draft step and a
+   verify step at batch 8, 16k and 32k, i.e. the draft/verify cost ratios c and v. Random weights
+   say nothing about acceptance (drafts of a random model are accepted by chance only), so this part
+   reports costs and the speedup those costs allow at given acceptances, never a measured speedup.
+
+Each part stops starting new cells when `--budget-s` is spent, and everything measured so far is
+written. Exits with a message when there is no CUDA device.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+
+def device_info() -> dict:
+    if not torch.cuda.is_available():
+        return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": None,
+                "torch": torch.__version__}
+    p = torch.cuda.get_device_properties(0)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}",
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def part_tiny(out: Path, contexts, repeat: int, new_tokens: int, deadline: float, device: str,
+              backend: str) -> list[dict]:
+    from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench, bench_table
+    from rich.console import Console
+    rows_all = []
+    for ctx in contexts:  # one context per call, so a spent budget still leaves finished cells
+        if time.time() > deadline:
+            print(f"budget spent: skipping tiny-model cell {ctx}", flush=True)
+            break
+        rows, bw = bench("tiny", "code-completion", [ctx], [8], ["ar", "magicdec", "vegas", "aspire"], repeat, new_tokens,
+                         [Sampling(*SAMPLINGS["greedy"]), Sampling(*SAMPLINGS["paper"])], 0, None,
+                         str(out / "gpu_decoders.db"), "float32", device, backend, show_progress=False)
+        Console(width=200).print(bench_table(rows, bw))
+        rows_all += [{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
+                      "decoder": r.record.config["decoder"], **r.record.aggregates} for r in rows]
+        (out / "tiny_bench.json").write_text(json.dumps(rows_all, indent=1, default=str))
+    return rows_all
+
+
+def part_shape(out: Path, shape: str, contexts, repeats: int, deadline: float, dtype: str, device: str,
+               backend: str) -> list[dict]:
+    import step_costs
+    engine = step_costs.make_engine(shape, dtype, device, backend, seed=0)
+    results = []
+    for C in contexts:
+        if time.time() > deadline:
+            print(f"budget spent: skipping {shape}-shape cell {C}", flush=True)
+            break
+        results += step_costs.measure(engine, [C], 8, 5, repeats, 0)
+        (out / f"{shape}_step_costs.json").write_text(json.dumps(results, indent=1))
+    step_costs.print_table(results)
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("gpu_decoders"), help="folder for the JSON files and store")
+    ap.add_argument("--quick", action="store_true", help="16k only, 2 repeats")
+    ap.add_argument("--budget-s", type=float, default=480, help="stop starting new cells after this")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, torch backend, 1k context, tiny shape for part 2: checks the script, measures nothing")
+    a = ap.parse_args(argv)
+    if a.dry_run:
+        device, backend, contexts, repeat, new_tokens = "cpu", "torch", ["1k"], 1, 12
+        shape, shape_dtype, shape_contexts = "tiny", "float32", [1024]
+    else:
+        device, backend = "cuda", "triton"
+        contexts, repeat = (["16k"], 2) if a.quick else (["16k", "32k"], 3)
+        new_tokens = 128
+        shape, shape_dtype, shape_contexts = "qwen3-1.7b", "bfloat16", [16384] if a.quick else [16384, 32768]
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: this script measures the Triton backend on a GPU (see bench/step_costs.py "
+              "and `aspire-bench bench` for the CPU)")
+        return 1
+    t0 = time.time()
+    a.out.mkdir(parents=True, exist_ok=True)
+    info = device_info()
+    (a.out / "device.json").write_text(json.dumps(info, indent=1))
+    print(info, flush=True)
+    # The tiny model gets ~60% of the budget; the 1.7B shape's step costs need far less.
+    tiny_deadline = t0 + 0.6 * a.budget_s
+    status = {}
+    try:
+        part_tiny(a.out, contexts, repeat, new_tokens, tiny_deadline, device, backend)
+        status["bench"] = "ok"
+    except Exception as e:  # record and go on: part 2 does not depend on part 1
+        status["bench"] = f"failed: {type(e).__name__}: {e}"
+        print(status["bench"], flush=True)
+    try:
+        part_shape(a.out, shape, shape_contexts, 3 if a.dry_run else 10, t0 + a.budget_s, shape_dtype, device,
+                   backend)
+        status["step_costs"] = "ok"
+    except Exception as e:
+        status["step_costs"] = f"failed: {type(e).__name__}: {e}"
+        print(status["step_costs"], flush=True)
+    info.update(status=status, wall_s=round(time.time() - t0, 1))
+    (a.out / "device.json").write_text(json.dumps(info, indent=1))
+    print(f"done in {info['wall_s']} s: {status}")
+    return 0 if all(v == "ok" for v in status.values()) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Per-step costs of each kind of decoder row, and what they allow: the "why" behind a speedup.
+
+A speculative decoder's throughput over AR is bounded by its step costs relative to an AR step:
+
+    speedup = E[tokens per cycle] / (gamma * c + v),   E = (1 - a^(gamma+1)) / (1 - a)
+
+with c = draft step / AR step, v = verify step (gamma+1 tokens) / AR step and a the per-token
+acceptance. This script measures c and v on the real engine at batch B and context C (one forward
+over B rows of each kind), splits each step into attention, matmuls (`F.linear`) and the rest
+(norms, RoPE, KV writes, metadata, sampling-free Python) on the CPU, and prints the best speedup
+the measured costs allow for a range of acceptances.
+
+Rows timed (all B rows of one kind per forward, as the decoders batch them):
+  weights  1 token at position 0: no KV read, the per-step floor (weights + overhead)
+  ar       1 token, full attention over C positions
+  aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
+           refresh layer (num_layers - 2), which attends fully and returns page scores
+  window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
+  verify   gamma + 1 tokens, full attention, logits for all of them
+
+KV values do not change the work of a step, so the pool is filled with random values instead of
+paying a C-token prefill per row; the model is random-init of the given shape (or a checkpoint).
+
+Usage:
+  python bench/step_costs.py --shape tiny --contexts 16384,32768 --batch 8 --threads 2
+  python bench/step_costs.py --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ar_bandwidth import Timers, TimedBackend, timed_functional  # noqa: E402  (same folder)
+
+from aspire_bench.decoders.selection import page_budget, streaming_positions  # noqa: E402
+from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model  # noqa: E402
+from aspire_bench.engine import model as model_module  # noqa: E402
+from aspire_bench.engine.loading import random_model  # noqa: E402
+
+SHAPES = {
+    "tiny": {  # the bundled model's shape
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 384,
+        "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 65536,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    },
+    "qwen3-1.7b": {  # Qwen/Qwen3-1.7B's config.json (shape only)
+        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 65536,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    },
+}
+KINDS = ("weights", "ar", "aspire", "window", "verify")
+ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def make_engine(shape: str, dtype: str, device: str, backend: str, seed: int) -> Engine:
+    model = random_model(SHAPES[shape], dtype, device, seed) if shape in SHAPES else load_model(shape, dtype, device)
+    return Engine(model, None, backend, name=shape)
+
+
+class Cell:
+    """B slots of C positions (random KV) and the rows of each kind."""
+
+    def __init__(self, engine: Engine, context: int, batch: int, gamma: int, seed: int):
+        self.engine, self.C, self.gamma = engine, context, gamma
+        ps = engine.page_size
+        per_slot = -(-(context + gamma + 1) // ps) * ps
+        engine.reserve(batch * per_slot)
+        engine.cache.k.uniform_(-2.0, 2.0)
+        engine.cache.v.uniform_(-2.0, 2.0)
+        self.slots = [engine.alloc(per_slot) for _ in range(batch)]
+        n_pages = -(-context // ps)
+        budget = page_budget(n_pages, 0.07, 32)
+        g = torch.Generator().manual_seed(seed)
+        self.pages = []
+        for _ in self.slots:  # the 8 most recent pages + random others, as select_pages returns them
+            older = torch.randperm(n_pages - 8, generator=g)[:budget - 8]
+            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - 8, n_pages))))
+        self.window = streaming_positions(context, 16, 256)
+        self.refresh = engine.cfg.num_layers - 2
+        self.kv_positions = {"weights": 0, "ar": context, "verify": context, "window": 256,
+                             "aspire": budget * ps * (engine.cfg.num_layers - 1) / engine.cfg.num_layers
+                             + context / engine.cfg.num_layers}
+
+    def rows(self, kind: str) -> list[Row]:
+        C, rs = self.C, []
+        for i, s in enumerate(self.slots):
+            s.length = C
+            if kind == "weights":
+                rs.append(Row(s, [5], 0))
+            elif kind == "ar":
+                rs.append(Row(s, [5], C))
+            elif kind == "verify":
+                rs.append(Row(s, [5] * (self.gamma + 1), C, logits="all"))
+            elif kind == "aspire":
+                rs.append(Row(s, [5], C, view=PageView(self.pages[i]), full_layers=frozenset({self.refresh}),
+                              capture=Capture([self.refresh], [-1])))
+            elif kind == "window":
+                rs.append(Row(s, [5], C, view=TokenView(self.window)))
+        return rs
+
+    def step(self, kind: str) -> None:
+        self.engine.forward(self.rows(kind))
+
+
+def timed(fn, repeats: int, sync) -> float:
+    fn()
+    sync()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def split(cell: Cell, kind: str, repeats: int) -> dict:
+    """CPU only: time in attention and in matmuls of one step (median over repeats)."""
+    engine, timers = cell.engine, Timers()
+    real_backend, real_F = engine.backend, model_module.F
+    engine.backend, model_module.F = TimedBackend(real_backend, timers), timed_functional(timers)
+    attn, lin = [], []
+    try:
+        cell.step(kind)
+        for _ in range(repeats):
+            timers.reset()
+            cell.step(kind)
+            attn.append(timers.attn)
+            lin.append(timers.linear)
+    finally:
+        engine.backend, model_module.F = real_backend, real_F
+    return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
+
+
+def best_speedup(c: float, v: float, a: float, max_gamma: int = 8) -> tuple[float, int]:
+    """max over gamma of E[tokens per cycle] / (gamma c + v), E = (1 - a^(g+1)) / (1 - a)."""
+    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + v), g) for g in range(0, max_gamma + 1))
+
+
+def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed: int) -> list[dict]:
+    cuda = engine.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = []
+    for C in contexts:
+        cell = Cell(engine, C, batch, gamma, seed)
+        res = {"context": C, "batch": batch, "gamma": gamma, "ms": {}, "split": {}}
+        for kind in KINDS:
+            res["ms"][kind] = timed(lambda: cell.step(kind), repeats, sync) * 1e3
+            if not cuda:  # CPU ops are synchronous, so wall-clock wrappers split the step honestly
+                s = split(cell, kind, repeats)
+                s["other_ms"] = res["ms"][kind] - s["attention_ms"] - s["matmul_ms"]
+                res["split"][kind] = s
+            print(f"  {C:>6} x{batch} {kind:8s} {res['ms'][kind]:9.2f} ms", flush=True)
+        ar = res["ms"]["ar"]
+        res["c_aspire"], res["c_window"] = res["ms"]["aspire"] / ar, res["ms"]["window"] / ar
+        res["v"] = res["ms"]["verify"] / ar
+        res["kv_positions_per_row"] = cell.kv_positions
+        res["bound"] = {str(a): dict(zip(("speedup", "gamma"), best_speedup(res["c_aspire"], res["v"], a)))
+                        for a in ACCEPTANCES}
+        out.append(res)
+        for s in cell.slots:
+            engine.free(s)
+    return out
+
+
+def print_table(results: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="step costs: ms per forward of B rows; c = draft / ar, v = verify / ar")
+    for col in ("context", *KINDS, "c aspire", "c window", "v"):
+        t.add_column(col, justify="right")
+    for r in results:
+        t.add_row(str(r["context"]), *(f"{r['ms'][k]:.1f}" for k in KINDS), f"{r['c_aspire']:.3f}",
+                  f"{r['c_window']:.3f}", f"{r['v']:.2f}")
+    Console().print(t)
+    t = Table(title="best speedup over AR these costs allow (gamma), per-token acceptance a")
+    for col in ("context", *(f"a={a}" for a in ACCEPTANCES)):
+        t.add_column(col, justify="right")
+    for r in results:
+        t.add_row(str(r["context"]), *(f"{r['bound'][str(a)]['speedup']:.2f} ({r['bound'][str(a)]['gamma']})"
+                                       for a in ACCEPTANCES))
+    Console().print(t)
+    if results and results[0]["split"]:
+        t = Table(title="where a step's time goes (ms): attention / matmuls / rest")
+        t.add_column("context", justify="right")
+        for k in KINDS:
+            t.add_column(k, justify="right")
+        for r in results:
+            t.add_row(str(r["context"]), *(
+                f"{r['split'][k]['attention_ms']:.1f} / {r['split'][k]['matmul_ms']:.1f} / "
+                f"{r['split'][k]['other_ms']:.1f}" for k in KINDS))
+        Console().print(t)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="tiny", help=f"{' | '.join(SHAPES)} | a checkpoint directory")
+    ap.add_argument("--contexts", default="4096,16384,32768")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--gamma", type=int, default=5, help="draft tokens a verify row checks (verify = gamma + 1)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--backend", default="torch", help="attention backend: torch | triton")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    engine = make_engine(a.shape, a.dtype, a.device, a.backend, a.seed)
+    results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed)
+    print_table(results)
+    if a.json:
+        meta = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "backend": a.backend,
+                "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None}
+        a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

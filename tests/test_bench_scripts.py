@@ -1,0 +1,48 @@
+"""The stand-alone benchmark scripts under bench/: their arithmetic, and that they run end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import step_costs  # noqa: E402
+
+
+def test_speedup_bound_matches_the_closed_form():
+    # gamma = 0 is AR through the verify path: 1 token per verify step
+    assert step_costs.best_speedup(0.5, 1.0, 0.0, max_gamma=0) == (1.0, 0)
+    s, g = step_costs.best_speedup(0.1, 1.0, 0.8, max_gamma=8)
+    expected = max((1 - 0.8 ** (k + 1)) / 0.2 / (k * 0.1 + 1.0) for k in range(9))
+    assert s == pytest.approx(expected) and 1 <= g <= 8
+    # costlier drafts never allow more
+    assert step_costs.best_speedup(0.3, 1.0, 0.8)[0] < s
+
+
+def test_step_costs_measures_every_row_kind():
+    engine = step_costs.make_engine("tiny", "float32", "cpu", "torch", seed=0)
+    (r,) = step_costs.measure(engine, [512], batch=2, gamma=3, repeats=1, seed=0)
+    assert set(r["ms"]) == set(step_costs.KINDS) and all(v > 0 for v in r["ms"].values())
+    assert r["c_aspire"] == pytest.approx(r["ms"]["aspire"] / r["ms"]["ar"])
+    assert set(r["split"]["ar"]) == {"attention_ms", "matmul_ms", "other_ms"}
+    assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
+
+
+@pytest.mark.slow
+def test_gpu_decoders_script_dry_run(tmp_path):
+    """The GPU script's own code path on the CPU (torch backend, 1k): it must not first fail on a GPU."""
+    out = tmp_path / "gpu"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decoders.py"), "--dry-run", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    info = json.loads((out / "device.json").read_text())
+    assert info["status"] == {"bench": "ok", "step_costs": "ok"}
+    rows = json.loads((out / "tiny_bench.json").read_text())
+    assert {(r["sampling"], r["decoder"]) for r in rows} == {
+        (s, d) for s in ("greedy", "paper") for d in ("ar", "magicdec", "vegas", "aspire")}
+    assert all(r["parity_identical_pct"] == 100.0 for r in rows if r["sampling"] == "greedy" and r["decoder"] != "ar")
