@@ -70,7 +70,7 @@ def part_shape(out: Path, shape: str, contexts, repeats: int, deadline: float, d
         if time.time() > deadline:
             print(f"budget spent: skipping {shape}-shape cell {C}", flush=True)
             break
-        results += step_costs.measure(engine, [C], 8, 5, repeats, 0)
+        results += step_costs.measure(engine, [C], 8, 6, repeats, 0)
         (out / f"{shape}_step_costs.json").write_text(json.dumps(results, indent=1))
     step_costs.print_table(results)
     return results

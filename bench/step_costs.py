@@ -2,13 +2,15 @@
 
 A speculative decoder's throughput over AR is bounded by its step costs relative to an AR step:
 
-    speedup = E[tokens per cycle] / (gamma * c + v),   E = (1 - a^(gamma+1)) / (1 - a)
+    speedup = E[tokens per cycle] / (gamma * c + v(gamma)),   E = (1 - a^(gamma+1)) / (1 - a)
 
-with c = draft step / AR step, v = verify step (gamma+1 tokens) / AR step and a the per-token
-acceptance. This script measures c and v on the real engine at batch B and context C (one forward
-over B rows of each kind), splits each step into attention, matmuls (`F.linear`) and the rest
-(norms, RoPE, KV writes, metadata, sampling-free Python) on the CPU, and prints the best speedup
-the measured costs allow for a range of acceptances.
+with c = draft step / AR step, v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
+1-token verify is an AR step) and a the per-token acceptance. This script measures c and v(1..G) on
+the real engine at batch B and context C (one forward over B rows of each kind), splits each step
+into attention, matmuls (`F.linear`) and the rest (norms, RoPE, KV writes, metadata, Python) on the
+CPU, and prints the best speedup the measured costs allow for a range of acceptances. On a GPU v is
+close to 1 (verify reads the same KV as an AR step); on a CPU the extra queries cost compute, and v
+grows with gamma.
 
 Rows timed (all B rows of one kind per forward, as the decoders batch them):
   weights  1 token at position 0: no KV read, the per-step floor (weights + overhead)
@@ -16,7 +18,7 @@ Rows timed (all B rows of one kind per forward, as the decoders batch them):
   aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
            refresh layer (num_layers - 2), which attends fully and returns page scores
   window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
-  verify   gamma + 1 tokens, full attention, logits for all of them
+  verify   G + 1 tokens, full attention, logits for all of them (also timed at 2..G tokens for v)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
 paying a C-token prefill per row; the model is random-init of the given shape (or a checkpoint).
@@ -71,6 +73,7 @@ class Cell:
     """B slots of C positions (random KV) and the rows of each kind."""
 
     def __init__(self, engine: Engine, context: int, batch: int, gamma: int, seed: int):
+        """gamma: the longest draft a verify row checks (G)."""
         self.engine, self.C, self.gamma = engine, context, gamma
         ps = engine.page_size
         per_slot = -(-(context + gamma + 1) // ps) * ps
@@ -91,8 +94,9 @@ class Cell:
                              "aspire": budget * ps * (engine.cfg.num_layers - 1) / engine.cfg.num_layers
                              + context / engine.cfg.num_layers}
 
-    def rows(self, kind: str) -> list[Row]:
+    def rows(self, kind: str, gamma: int | None = None) -> list[Row]:
         C, rs = self.C, []
+        gamma = self.gamma if gamma is None else gamma
         for i, s in enumerate(self.slots):
             s.length = C
             if kind == "weights":
@@ -100,7 +104,7 @@ class Cell:
             elif kind == "ar":
                 rs.append(Row(s, [5], C))
             elif kind == "verify":
-                rs.append(Row(s, [5] * (self.gamma + 1), C, logits="all"))
+                rs.append(Row(s, [5] * (gamma + 1), C, logits="all"))
             elif kind == "aspire":
                 rs.append(Row(s, [5], C, view=PageView(self.pages[i]), full_layers=frozenset({self.refresh}),
                               capture=Capture([self.refresh], [-1])))
@@ -108,8 +112,8 @@ class Cell:
                 rs.append(Row(s, [5], C, view=TokenView(self.window)))
         return rs
 
-    def step(self, kind: str) -> None:
-        self.engine.forward(self.rows(kind))
+    def step(self, kind: str, gamma: int | None = None) -> None:
+        self.engine.forward(self.rows(kind, gamma))
 
 
 def timed(fn, repeats: int, sync) -> float:
@@ -142,9 +146,9 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 
-def best_speedup(c: float, v: float, a: float, max_gamma: int = 8) -> tuple[float, int]:
-    """max over gamma of E[tokens per cycle] / (gamma c + v), E = (1 - a^(g+1)) / (1 - a)."""
-    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + v), g) for g in range(0, max_gamma + 1))
+def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:
+    """max over gamma of E[tokens per cycle] / (gamma c + v[gamma]), E = (1 - a^(g+1)) / (1 - a)."""
+    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + vg), g) for g, vg in sorted(v.items()))
 
 
 def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed: int) -> list[dict]:
@@ -164,8 +168,11 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
         ar = res["ms"]["ar"]
         res["c_aspire"], res["c_window"] = res["ms"]["aspire"] / ar, res["ms"]["window"] / ar
         res["v"] = res["ms"]["verify"] / ar
+        verify_ms = {g: timed(lambda: cell.step("verify", g), repeats, sync) * 1e3 for g in range(1, gamma)}
+        verify_ms[gamma] = res["ms"]["verify"]
+        res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
         res["kv_positions_per_row"] = cell.kv_positions
-        res["bound"] = {str(a): dict(zip(("speedup", "gamma"), best_speedup(res["c_aspire"], res["v"], a)))
+        res["bound"] = {str(a): dict(zip(("speedup", "gamma"), best_speedup(res["c_aspire"], res["v_by_gamma"], a)))
                         for a in ACCEPTANCES}
         out.append(res)
         for s in cell.slots:
@@ -176,12 +183,12 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
 def print_table(results: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="step costs: ms per forward of B rows; c = draft / ar, v = verify / ar")
-    for col in ("context", *KINDS, "c aspire", "c window", "v"):
+    t = Table(title="step costs: ms per forward of B rows; c = draft / ar, v(g) = verify of g+1 tokens / ar")
+    for col in ("context", *KINDS, "c aspire", "c window", "v(1..G)"):
         t.add_column(col, justify="right")
     for r in results:
         t.add_row(str(r["context"]), *(f"{r['ms'][k]:.1f}" for k in KINDS), f"{r['c_aspire']:.3f}",
-                  f"{r['c_window']:.3f}", f"{r['v']:.2f}")
+                  f"{r['c_window']:.3f}", " ".join(f"{v:.2f}" for g, v in sorted(r["v_by_gamma"].items()) if g))
     Console().print(t)
     t = Table(title="best speedup over AR these costs allow (gamma), per-token acceptance a")
     for col in ("context", *(f"a={a}" for a in ACCEPTANCES)):
@@ -207,7 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="tiny", help=f"{' | '.join(SHAPES)} | a checkpoint directory")
     ap.add_argument("--contexts", default="4096,16384,32768")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--gamma", type=int, default=5, help="draft tokens a verify row checks (verify = gamma + 1)")
+    ap.add_argument("--gamma", type=int, default=6, help="longest draft a verify row checks (verify = gamma + 1)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")

@@ -16,12 +16,14 @@ import step_costs  # noqa: E402
 
 def test_speedup_bound_matches_the_closed_form():
     # gamma = 0 is AR through the verify path: 1 token per verify step
-    assert step_costs.best_speedup(0.5, 1.0, 0.0, max_gamma=0) == (1.0, 0)
-    s, g = step_costs.best_speedup(0.1, 1.0, 0.8, max_gamma=8)
-    expected = max((1 - 0.8 ** (k + 1)) / 0.2 / (k * 0.1 + 1.0) for k in range(9))
+    assert step_costs.best_speedup(0.5, {0: 1.0}, 0.0) == (1.0, 0)
+    v = {g: 1.0 + 0.05 * g for g in range(9)}
+    s, g = step_costs.best_speedup(0.1, v, 0.8)
+    expected = max((1 - 0.8 ** (k + 1)) / 0.2 / (k * 0.1 + v[k]) for k in range(9))
     assert s == pytest.approx(expected) and 1 <= g <= 8
-    # costlier drafts never allow more
-    assert step_costs.best_speedup(0.3, 1.0, 0.8)[0] < s
+    # costlier drafts or verifies never allow more
+    assert step_costs.best_speedup(0.3, v, 0.8)[0] < s
+    assert step_costs.best_speedup(0.1, {k: x + 0.2 * k for k, x in v.items()}, 0.8)[0] < s
 
 
 def test_step_costs_measures_every_row_kind():
@@ -31,6 +33,7 @@ def test_step_costs_measures_every_row_kind():
     assert r["c_aspire"] == pytest.approx(r["ms"]["aspire"] / r["ms"]["ar"])
     assert set(r["split"]["ar"]) == {"attention_ms", "matmul_ms", "other_ms"}
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
+    assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 
 
 @pytest.mark.slow
