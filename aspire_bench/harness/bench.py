@@ -146,7 +146,7 @@ def bench_table(rows: list[BenchRow], bandwidth: float):
     from rich.table import Table
     t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s)")
     for col in ("context", "batch", "sampling", "decoder", "decode tok/s (min-max)", "x AR", "x best baseline",
-                "accepted len", "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
+                "accepted len (req min-max)", "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
         t.add_column(col, justify="left" if col in ("context", "sampling", "decoder") else "right")
     cells: dict[tuple, list[BenchRow]] = {}
     for r in rows:
@@ -165,7 +165,9 @@ def bench_table(rows: list[BenchRow], bandwidth: float):
                 f"{tok:,.1f} ({a['decode_tok_s_min']:,.0f}-{a['decode_tok_s_max']:,.0f})" if tok else "—",
                 f"{tok / ar:.2f}" if tok and ar else "—",
                 f"{tok / base:.2f}" if tok and base and dec not in BASELINES else "—",
-                f"{a['mean_accepted_len']:.2f}" if a.get("mean_accepted_len") else "—",
+                (f"{a['mean_accepted_len']:.2f} ({a['req_accepted_len_p0']:.1f}-{a['req_accepted_len_p100']:.1f})"
+                 if a.get("req_accepted_len_p0") is not None else f"{a['mean_accepted_len']:.2f}")
+                if a.get("mean_accepted_len") else "—",
                 f"{a['parity_identical_pct']:.0f}" if a.get("parity_identical_pct") is not None else "—",
                 (f"{d4:.2f}" + (" COLLAPSED" if collapsed else "")) if d4 is not None else "—",
                 f"{a['bytes_per_token'] / 1e6:.1f} MB" if a.get("bytes_per_token") else "—",
