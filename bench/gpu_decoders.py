@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
 
 def device_info() -> dict:
@@ -44,8 +44,9 @@ def device_info() -> dict:
 
 def part_tiny(out: Path, contexts, repeat: int, new_tokens: int, deadline: float, device: str,
               backend: str) -> list[dict]:
-    from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench, bench_table
     from rich.console import Console
+
+    from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench, bench_table
     rows_all = []
     for ctx in contexts:  # one context per call, so a spent budget still leaves finished cells
         if time.time() > deadline:

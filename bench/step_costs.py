@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ar_bandwidth import Timers, TimedBackend, timed_functional  # noqa: E402  (same folder)
+from ar_bandwidth import TimedBackend, Timers, timed_functional
 
-from aspire_bench.decoders.selection import page_budget, streaming_positions  # noqa: E402
-from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model  # noqa: E402
-from aspire_bench.engine import model as model_module  # noqa: E402
-from aspire_bench.engine.loading import random_model  # noqa: E402
+from aspire_bench.decoders.selection import page_budget, streaming_positions
+from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model
+from aspire_bench.engine import model as model_module
+from aspire_bench.engine.loading import random_model
 
 SHAPES = {
     "tiny": {  # the bundled model's shape
@@ -159,7 +159,7 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
         cell = Cell(engine, C, batch, gamma, seed)
         res = {"context": C, "batch": batch, "gamma": gamma, "ms": {}, "split": {}}
         for kind in KINDS:
-            res["ms"][kind] = timed(lambda: cell.step(kind), repeats, sync) * 1e3
+            res["ms"][kind] = timed(lambda k=kind: cell.step(k), repeats, sync) * 1e3
             if not cuda:  # CPU ops are synchronous, so wall-clock wrappers split the step honestly
                 s = split(cell, kind, repeats)
                 s["other_ms"] = res["ms"][kind] - s["attention_ms"] - s["matmul_ms"]
@@ -168,7 +168,7 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
         ar = res["ms"]["ar"]
         res["c_aspire"], res["c_window"] = res["ms"]["aspire"] / ar, res["ms"]["window"] / ar
         res["v"] = res["ms"]["verify"] / ar
-        verify_ms = {g: timed(lambda: cell.step("verify", g), repeats, sync) * 1e3 for g in range(1, gamma)}
+        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in range(1, gamma)}
         verify_ms[gamma] = res["ms"]["verify"]
         res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
         res["kv_positions_per_row"] = cell.kv_positions

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import step_costs  # noqa: E402
+import step_costs
 
 
 def test_speedup_bound_matches_the_closed_form():

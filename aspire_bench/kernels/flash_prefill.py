@@ -26,8 +26,7 @@ def flash_available(q: torch.Tensor) -> bool:
 def prefill_row(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, base: int, start: int,
                 scale: float, idx: torch.Tensor | None = None, key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """q: [n, Hq, D] of one row at positions start..start+n-1; returns [n, Hq, D]."""
-    n, hq, d = q.shape
-    hkv = k_cache.shape[0]
+    n = q.shape[0]
     if idx is None and flash_available(q):
         L = start + n
         k = k_cache[:, base:base + L].transpose(0, 1)  # [L, Hkv, D], no copy
@@ -35,7 +34,6 @@ def prefill_row(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b
         cu_q = torch.tensor([0, n], dtype=torch.int32, device=q.device)
         cu_k = torch.tensor([0, L], dtype=torch.int32, device=q.device)
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, n, L, softmax_scale=scale, causal=True)
-    g = hq // hkv
     if idx is None:
         k = k_cache[:, base:base + start + n]
         v = v_cache[:, base:base + start + n]
@@ -46,6 +44,7 @@ def prefill_row(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b
         kp = key_pos
     qp = torch.arange(start, start + n, device=q.device)
     mask = kp[None, :] <= qp[:, None]
-    qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3)  # GQA by reshaping queries, never repeating K/V
-    o = F.scaled_dot_product_attention(qg, k.unsqueeze(1), v.unsqueeze(1), attn_mask=mask, scale=scale)
-    return o.permute(2, 0, 1, 3).reshape(n, hq, d)
+    # GQA without repeating K/V: enable_gqa (a K broadcast over the group sends SDPA to a slow path)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                       attn_mask=mask, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
