@@ -93,6 +93,7 @@ def test_bench_smoke_table_shape(random_tiny, tmp_path):
     assert rows[1]["parity_identical_pct"] == 100.0 and rows[2]["parity_identical_pct"] == 100.0
     assert all(x.get("parity_identical_pct") is None for x in rows[3:])  # sampled runs have no parity
     assert all(x["bytes_per_token"] > 0 and x["memory_bw_gbs"] > 0 for x in rows)
+    assert all(x["output_tokens"] == 2 * 6 for x in rows)  # EOS ignored: the same work for every decoder
     assert "x best baseline" in r.output and "achieved GB/s" in r.output and "paper" in r.output
     db = sqlite3.connect(tmp_path / "b.db")
     assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 6

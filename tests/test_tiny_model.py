@@ -66,7 +66,7 @@ def test_shipped_checkpoint_shape(shipped):
     c = model.config
     assert (c.model_type, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
             c.num_key_value_heads, c.head_dim) == ("qwen3", 16, 128, 4, 2, 32)
-    assert c.tie_word_embeddings and c.max_position_embeddings == 32768 and c.vocab_size == 4096
+    assert c.tie_word_embeddings and c.max_position_embeddings == 40960 and c.vocab_size == 4096
     assert c.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
     size = sum(p.stat().st_size for p in TINY_DIR.iterdir())
     assert size <= 20e6

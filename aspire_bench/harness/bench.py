@@ -1,7 +1,8 @@
 """`aspire-bench bench`: decoders side by side on the same requests, in one process.
 
-Per (context, batch size) cell: one group; every decoder runs the same requests with a warm-up and
-R measured repeats (median stored). The engine's prefix cache prefills each prompt once for all
+Per (context, batch size, sampling) cell: one group; every decoder runs the same requests with a
+warm-up and R measured repeats (median stored), each request generating exactly max_new_tokens
+(EOS ignored, as throughput benchmarks do, so every decoder does the same work under sampling too). The engine's prefix cache prefills each prompt once for all
 decoders (decode throughput excludes prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
 token and the bandwidth that achieved, against this machine's read bandwidth measured in the run.
@@ -124,7 +125,7 @@ def _cell(engine, model, task, ctx, bs, smp: Sampling, decoders, repeat, max_new
         cfg = RunConfig(model=model, decoder=dec, task=task, context_len=ctx, limit=limit or bs,
                         batch_size=bs, max_new_tokens=max_new_tokens, temperature=smp.temperature,
                         top_k=smp.top_k, top_p=smp.top_p, seed=seed, repeat=repeat, dtype=dtype, device=device,
-                        attention_backend=attention_backend)
+                        attention_backend=attention_backend, ignore_eos=True)
         rec = run(cfg, group=group, sweep="bench", engine=engine, show_progress=show_progress).record
         if dec == "ar":
             ar = rec

@@ -38,6 +38,9 @@ class RunConfig:
     device: str = "cpu"
     attention_backend: str = "auto"
     warmup: bool = True
+    # Generate exactly max_new_tokens per request (EOS and stop strings ignored), as throughput
+    # benchmarks do: under sampling, decoders would otherwise stop at different points and do different work.
+    ignore_eos: bool = False
     # Prefill each distinct prompt once per process and copy its KV in afterwards (decode figures
     # exclude prefill; TTFT then measures a copy, not a prefill). For demos and side-by-side sweeps.
     prefix_cache: bool = False
@@ -112,7 +115,10 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         elif engine.prefix_cache is None:
             engine.prefix_cache = {}
     task, samples, reqs = build_requests(cfg, engine)
-    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, engine.cfg.eos_token_ids)
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed,
+                            () if cfg.ignore_eos else engine.cfg.eos_token_ids)
+    if cfg.ignore_eos:
+        reqs = [replace(r, stop_check=None) for r in reqs]
     ar = None
     if getattr(probe, "needs_reference", False):  # oracle: the target's greedy tokens, known in hindsight
         if not params.greedy:

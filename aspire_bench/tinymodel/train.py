@@ -48,7 +48,7 @@ def model_config(vocab_size: int, eos_id: int, **overrides):
 
     shape = dict(
         hidden_size=128, intermediate_size=384, num_hidden_layers=16, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=32768, tie_word_embeddings=True,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=40960, tie_word_embeddings=True,
         # A large base keeps 32k positions distinguishable although training stops at 8k.
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
     )
@@ -75,7 +75,7 @@ def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int):
 def save_tokenizer(tok, out_dir: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=32768)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=40960)
     fast.save_pretrained(out_dir)
     # transformers 5 names its own backend class here, which 4.x cannot resolve; both load this name.
     cfg_path = out_dir / "tokenizer_config.json"
