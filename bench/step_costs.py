@@ -45,14 +45,10 @@ from aspire_bench.decoders.selection import page_budget, streaming_positions
 from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model
 from aspire_bench.engine import model as model_module
 from aspire_bench.engine.loading import random_model
+from aspire_bench.tinymodel import TINY_DIR
 
 SHAPES = {
-    "tiny": {  # the bundled model's shape
-        "architectures": ["Qwen3ForCausalLM"], "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 384,
-        "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 65536,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-    },
+    "tiny": json.loads((TINY_DIR / "config.json").read_text()),  # the bundled model's shape
     "qwen3-1.7b": {  # Qwen/Qwen3-1.7B's config.json (shape only)
         "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -65,6 +61,7 @@ ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def make_engine(shape: str, dtype: str, device: str, backend: str, seed: int) -> Engine:
+    # Named shapes get random weights: a step's work does not depend on them.
     model = random_model(SHAPES[shape], dtype, device, seed) if shape in SHAPES else load_model(shape, dtype, device)
     return Engine(model, None, backend, name=shape)
 

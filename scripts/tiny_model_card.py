@@ -5,8 +5,7 @@
 Held-out loss at 1k and 16k context over the same held-out tokens, and greedy / sampled continuations
 of one held-out prefix at 1k and 16k context with their distinct-4-gram ratios. The measured losses
 are also stored in the checkpoint's training.json (`heldout_loss`), which tests/test_tiny_model.py
-checks against. Draft-acceptance numbers come from our own engine and are added by `--acceptance`
-(not written yet).
+checks against. Draft-acceptance numbers come from our own engine: scripts/draft_acceptance.py.
 """
 from __future__ import annotations
 
@@ -176,8 +175,8 @@ def render(record: dict, m: dict) -> str:
     lines += [
         "## Draft acceptance",
         "",
-        "Not measured yet. Acceptance of MagicDec / Vegas / ASPIRE drafts against this model, measured "
-        "with our own engine, is added by `scripts/tiny_model_card.py --acceptance` later.",
+        "Measured with our own engine by `python scripts/draft_acceptance.py --contexts 4096,16384,32768 "
+        "--positions 48` (1 - TV of window, page and no-refresh drafts); paste its table here.",
         "",
         "## Reproduce",
         "",

@@ -2,8 +2,9 @@
 
 Per (context, batch size, sampling) cell: one group; every decoder runs the same requests with a
 warm-up and R measured repeats (median stored), each request generating exactly max_new_tokens
-(EOS ignored, as throughput benchmarks do, so every decoder does the same work under sampling too). The engine's prefix cache prefills each prompt once for all
-decoders (decode throughput excludes prefill anyway; TTFT is therefore not meaningful here).
+(EOS ignored, as throughput benchmarks do, so every decoder does the same work under sampling too).
+The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
+prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
 token and the bandwidth that achieved, against this machine's read bandwidth measured in the run.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -104,43 +105,49 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     c = engine.cfg
     kv_per_pos = 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.tensor([], dtype=engine.dtype).element_size()
     weights = engine.model.weight_bytes()
+
+    def add_bandwidth(rec: records.RunRecord) -> None:
+        total = bytes_read(rec, weights, kv_per_pos)
+        a = rec.aggregates
+        a["bytes_per_token"] = total / a["generated_tokens"] if a.get("generated_tokens") else None
+        a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
+        a["memory_bw_gbs"] = bandwidth / 1e9
+
+    base = RunConfig(model=model, task=task, max_new_tokens=max_new_tokens, seed=seed, repeat=repeat, dtype=dtype,
+                     device=device, attention_backend=attention_backend, ignore_eos=True)
     rows: list[BenchRow] = []
     try:
         for ctx in contexts:
             for bs in batch_sizes:
                 # Every setting of a cell reuses the prefix cache: each prompt is prefilled once.
                 for smp in samplings:
-                    rows += _cell(engine, model, task, ctx, bs, smp, decoders, repeat, max_new_tokens, seed, limit,
-                                  store, dtype, device, attention_backend, show_progress, weights, kv_per_pos, bandwidth)
+                    cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or bs,
+                                   temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
+                    rows += [BenchRow(ctx, bs, smp.name, rec) for rec in
+                             _cell(engine, cell, decoders, store, show_progress, add_bandwidth)]
     finally:
         engine.prefix_cache = None
     return rows, bandwidth
 
 
-def _cell(engine, model, task, ctx, bs, smp: Sampling, decoders, repeat, max_new_tokens, seed, limit, store, dtype,
-          device, attention_backend, show_progress, weights, kv_per_pos, bandwidth) -> list[BenchRow]:
+def _cell(engine, cell: RunConfig, decoders, store: str | None, show_progress: bool,
+          add_bandwidth) -> list[records.RunRecord]:
+    """Every decoder on one cell's requests, as one group; parity against the cell's AR run under greedy."""
     group = records.new_group_id()
-    ar, rows = None, []
+    ar, recs = None, []
     for dec in decoders:
-        cfg = RunConfig(model=model, decoder=dec, task=task, context_len=ctx, limit=limit or bs,
-                        batch_size=bs, max_new_tokens=max_new_tokens, temperature=smp.temperature,
-                        top_k=smp.top_k, top_p=smp.top_p, seed=seed, repeat=repeat, dtype=dtype, device=device,
-                        attention_backend=attention_backend, ignore_eos=True)
-        rec = run(cfg, group=group, sweep="bench", engine=engine, show_progress=show_progress).record
+        rec = run(replace(cell, decoder=dec), group=group, sweep="bench", engine=engine,
+                  show_progress=show_progress).record
         if dec == "ar":
             ar = rec
-        elif ar is not None and smp.temperature == 0:
+        elif ar is not None and cell.temperature == 0:
             add_parity(rec, ar)
-        total = bytes_read(rec, weights, kv_per_pos)
-        a = rec.aggregates
-        a["bytes_per_token"] = total / a["generated_tokens"] if a.get("generated_tokens") else None
-        a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
-        a["memory_bw_gbs"] = bandwidth / 1e9
+        add_bandwidth(rec)
         if store is not None:
             with Store(store) as st:
                 st.save_run(rec)
-        rows.append(BenchRow(ctx, bs, smp.name, rec))
-    return rows
+        recs.append(rec)
+    return recs
 
 
 def bench_table(rows: list[BenchRow], bandwidth: float):

@@ -42,8 +42,14 @@ def prefill_row(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b
         k = k_cache.index_select(1, idx)
         v = v_cache.index_select(1, idx)
         kp = key_pos
-    qp = torch.arange(start, start + n, device=q.device)
-    mask = kp[None, :] <= qp[:, None]
+    return sdpa_row(q, k, v, kp, start, scale)
+
+
+def sdpa_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pos: torch.Tensor, start: int,
+             scale: float) -> torch.Tensor:
+    """q: [n, Hq, D] at positions start..; k, v: [Hkv, L, D] at `key_pos`; causal by position."""
+    n = q.shape[0]
+    mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
     # GQA without repeating K/V: enable_gqa (a K broadcast over the group sends SDPA to a slow path)
     o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                        attn_mask=mask, scale=scale, enable_gqa=True)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta, RowMeta
+from .flash_prefill import sdpa_row
 
 # Query blocks longer than this use SDPA (memory-frugal for prefill chunks); shorter ones
 # (decode, draft, verify) a plain matmul-softmax-matmul, which is faster for few queries on CPU.
@@ -59,16 +60,12 @@ class TorchAttention:
         capture = layer in row.capture_layers
         if capture and idx is not None:
             raise ValueError("attention scores can only be captured at a full-attention layer")
-        # [Hkv, G, n, D]: query head h = kv * G + g, as in transformers' repeat_kv
-        qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3)
         L = k.shape[1]
         if n >= _SDPA_MIN_QUERIES and not capture:
             kp = torch.arange(L, device=q.device) if key_pos is None else key_pos
-            mask = kp[None, :] <= torch.arange(row.start, row.start + n, device=q.device)[:, None]
-            # enable_gqa, not K/V broadcast over the group: an expanded K makes the CPU kernel ~4x slower
-            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                               attn_mask=mask, scale=meta.scale, enable_gqa=True)
-            return o[0].transpose(0, 1), None
+            return sdpa_row(q, k, v, kp, row.start, meta.scale), None
+        # [Hkv, G, n, D]: query head h = kv * G + g, as in transformers' repeat_kv
+        qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3)
         # scale the few queries rather than the long score rows
         s = torch.bmm((qg * meta.scale).reshape(hkv, g * n, d), k.transpose(1, 2)).view(hkv, g, n, L)
         if n > 1:
