@@ -9,6 +9,7 @@ import torch
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.base import DRAFT, PREFILL, VERIFY
 from aspire_bench.decoders.scheduler import (
+    DEFAULT_COST,
     CostModel,
     best_gamma,
     expected_tokens,
@@ -252,6 +253,9 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     online = get_decoder("aspire", calibration="online", online_fit_every=4, **SPARSE["aspire"])
     out = online.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] in ("online", "default")
+    fixed = get_decoder("aspire", calibration="none", online_fit_every=4, **SPARSE["aspire"])
+    out = fixed.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
+    assert out.info["cost_model"] == {**DEFAULT_COST.to_dict(), "source": "none"}  # never refitted
     with pytest.raises(Exception, match="does not exist"):
         get_decoder("aspire", calibration=str(tmp_path / "none.json")).generate(
             random_engine, make_requests()[:1], SamplingParams(), 1)

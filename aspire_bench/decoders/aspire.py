@@ -8,6 +8,7 @@ A per-request scheduler with a batch-aware cost model chooses when each request 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ..engine import PAGE_MAX_SUM, Capture, PageView
@@ -58,7 +59,10 @@ class AspireDecoder(SpeculativeDecoder):
 
     def generate(self, engine, requests, params, batch_size, progress=None):
         self._samples = []
-        self._cost = self._load_calibration(engine, batch_size) or DEFAULT_COST
+        # "none": the fixed default cost model, never refitted, so the schedule does not depend on timing
+        # (reproducible acceptance, as a regression gate needs).
+        fixed = replace(DEFAULT_COST, source="none") if self.calibration == "none" else None
+        self._cost = fixed or self._load_calibration(engine, batch_size) or DEFAULT_COST
         return super().generate(engine, requests, params, batch_size, progress)
 
     def _load_calibration(self, engine, batch_size) -> CostModel | None:
