@@ -5,7 +5,7 @@ What it does, per (context C, batch B) cell:
 * Model: a random-init Qwen3 of the bundled tiny model's shape (16 layers, hidden 128, 4 query /
   2 KV heads, head dim 32, vocab 4096, intermediate 384, tied embeddings, fp32), written with
   transformers' `Qwen3ForCausalLM(...).save_pretrained` and loaded through
-  `Engine.from_pretrained(..., attention_backend="torch")`, i.e. the real loading path.
+  `Engine.from_pretrained(..., attention_backend=--backend)`, i.e. the real loading path.
 * KV: B slots of C positions. By default (`--kv-fill random`) the KV pool is filled once with
   random values and each slot's length set to C; a decode step's work does not depend on the KV
   values, so this times exactly what a decode step after a real prefill does, without paying a
@@ -101,12 +101,12 @@ def measure_memory_bandwidth(repeats: int, big_bytes: int = GiB, small_bytes: in
 
 # --- model -------------------------------------------------------------------------------------
 
-def build_engine(tmpdir: str, max_positions: int, seed: int) -> Engine:
+def build_engine(tmpdir: str, max_positions: int, seed: int, backend: str = "auto") -> Engine:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(seed)
     cfg = Qwen3Config(max_position_embeddings=max_positions, eos_token_id=0, pad_token_id=0, **TINY_SHAPE)
     Qwen3ForCausalLM(cfg).to(torch.float32).save_pretrained(tmpdir)
-    return Engine.from_pretrained(tmpdir, attention_backend="torch")
+    return Engine.from_pretrained(tmpdir, attention_backend=backend)
 
 
 # --- instrumentation ---------------------------------------------------------------------------
@@ -299,6 +299,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-fill", choices=("random", "prefill"), default="random")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto", help="attention backend: auto | cpu | torch")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     a = ap.parse_args(argv)
     if a.threads:
@@ -314,7 +315,7 @@ def main(argv=None) -> int:
         "command": " ".join(shlex.quote(x) for x in [sys.executable.rsplit("/", 1)[-1]] + sys.argv),
         "cpu": cpu_model(), "nproc": os.cpu_count(), "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-        "dtype": "float32", "attention_backend": "torch",
+        "dtype": "float32",
         "env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_"))},
     }
     try:
@@ -331,7 +332,8 @@ def main(argv=None) -> int:
 
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = build_engine(tmp, max(a.contexts) + a.warmup + a.steps + 64, a.seed)
+        engine = build_engine(tmp, max(a.contexts) + a.warmup + a.steps + 64, a.seed, a.backend)
+        info["attention_backend"] = engine.backend.name
         ps = engine.page_size
         per_slot = -(-(max(a.contexts) + a.warmup + a.steps + 1) // ps) * ps
         if a.kv_fill == "random":

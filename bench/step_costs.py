@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--backend", default="torch", help="attention backend: torch | triton")
+    ap.add_argument("--backend", default="auto", help="attention backend: auto | cpu | torch | triton")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed)
     print_table(results)
     if a.json:
-        meta = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "backend": a.backend,
+        meta = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "backend": engine.backend.name,
                 "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None}
         a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

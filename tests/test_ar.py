@@ -1,6 +1,8 @@
 """AR decoder: greedy equals transformers.generate; continuous batching; sampling; stopping."""
 from __future__ import annotations
 
+import random
+
 import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
@@ -62,3 +64,16 @@ def test_logits_to_probs_top_k_top_p():
     torch.testing.assert_close(p, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0, 0]))
     p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=3))
     torch.testing.assert_close(p, torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    # both: top-k first, then top-p on the survivors (0.5/0.95 + 0.3/0.95 reaches 0.8), rows batched
+    p = logits_to_probs(torch.stack((logits, logits.flip(0))), SamplingParams(temperature=1.0, top_k=3, top_p=0.8))
+    torch.testing.assert_close(p, torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.375, 0.625]]))
+
+
+def test_sample_from_matches_the_distribution_and_skips_zero_mass():
+    from aspire_bench.decoders.common import sample_from
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    g = torch.Generator().manual_seed(random.SystemRandom().randrange(2 ** 31))
+    counts = torch.bincount(torch.tensor([sample_from(probs, g) for _ in range(20000)]), minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    # 20000 draws: the standard error of each frequency is <= 0.0036; 5 sigma
+    assert (counts / 20000 - probs).abs().max() < 0.018

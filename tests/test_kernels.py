@@ -20,9 +20,11 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"triton is not importable ({e}); the Triton kernels are untested here", allow_module_level=True)
 
+from kernel_cases import make_batch, meta_of, rel_err
+
 from aspire_bench.kernels import get_backend
 from aspire_bench.kernels import triton_attention as ta
-from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta, RowMeta
+from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
 from aspire_bench.kernels.torch_ref import TorchAttention
 from aspire_bench.kernels.triton_backend import TritonAttention
 from aspire_bench.kernels.triton_scores import select_pages
@@ -41,45 +43,6 @@ def poison(monkeypatch):
     def nan_empty(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     monkeypatch.setattr(ta, "_empty", nan_empty)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert not torch.isnan(a).any(), "NaN in the Triton output (an unwritten element?)"
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def make_batch(specs, hq, hkv, d, dtype, page_size=16, layers=1, seed=0):
-    """specs: (n, start, view) per row; view None = full, else fraction of the prefix's pages kept.
-    Rows get disjoint slots in one pool, in shuffled order so bases are not monotonic in the batch."""
-    g = torch.Generator().manual_seed(seed)
-    sizes = [start + n + 5 for n, start, _ in specs]
-    order = torch.randperm(len(specs), generator=g).tolist()
-    bases, off = [0] * len(specs), 3
-    for i in order:
-        bases[i] = off
-        off += sizes[i]
-    cap = off + 7
-    k = torch.randn(hkv, cap, d, generator=g).to(dtype)
-    v = torch.randn(hkv, cap, d, generator=g).to(dtype)
-    rows, q0 = [], 0
-    for (n, start, frac), base in zip(specs, bases):
-        r = RowMeta(q_start=q0, n=n, base=base, start=start)
-        if frac is not None:
-            pages = -(-start // page_size)
-            keep = torch.randperm(pages, generator=g)[:max(1, int(frac * pages))].sort().values
-            pos = (keep[:, None] * page_size + torch.arange(page_size)).flatten()
-            pos = torch.cat((pos[pos < start], torch.arange(start, start + n)))
-            r.sparse = [pos + base] * layers
-            r.sparse_pos = [pos] * layers
-        rows.append(r)
-        q0 += n
-    q = torch.randn(q0, hq, d, generator=g).to(dtype)
-    return q, k, v, rows
-
-
-def meta_of(rows, d, page_size=16):
-    return AttentionMeta(rows=rows, num_tokens=sum(r.n for r in rows), page_size=page_size, scale=d ** -0.5)
 
 
 def run_both(q, k, v, rows, d, layer=0, page_size=16, **kw):
