@@ -6,7 +6,8 @@
 // the pool (full view) or through the row's pool indices (sparse view, no gather copy), for all the
 // query heads of its group and all the row's tokens at once, with an online softmax in base 2.
 //
-// Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D]; k, v [Hkv, cap, D] (one layer of the pool);
+// Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
+// k, v [Hkv, cap, D] (one layer of the pool);
 // rows [R, 8] int64: q_start, n, base, start, idx_off, idx_len (-1 = full view [base, base+start+n)),
 // cap_mask (bit i: keep token i's scores, in sbuf from cap_base on; n < 64), cap_base.
 // lse [T, Hq] (optional): log2 of each query's softmax normaliser, in log2-scaled score units.
@@ -110,7 +111,8 @@ void attend_item(const float* q, const float* k, const float* v, float* out, flo
   const float* vh = v + kvh * cap * D;
 
   std::vector<float> qs(nqp * D, 0.f), acc(nqp * D, 0.f), p(nqp * BK), m(nqp, -INFINITY), l(nqp, 0.f);
-  alignas(64) float kt[256 * BK];  // K block transposed: [D][BK]; D <= 256
+  std::vector<float> kt_buf(D * BK);  // K block transposed: [D][BK]
+  float* kt = kt_buf.data();
   const float* vrow[BK];
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t i = 0; i < n; ++i) {
