@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -109,6 +110,18 @@ def _int64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
+@dataclass
+class _LayerPlan:
+    rows: torch.Tensor  # [R, 8] kernel rows (layout in csrc/cpu_attention.cpp)
+    idx: torch.Tensor  # the sparse rows' pool indices, concatenated
+    rest: list[int]  # rows left to the torch reference (prefill chunks)
+    cap_rows: list[int]  # kernel rows whose scores are captured at this layer ...
+    cap_desc: torch.Tensor  # ... [C, 9] their reduction descriptors
+    cap_tokens: torch.Tensor  # the chosen token indices of each capturing row, concatenated
+    cap_sizes: list[int]  # output length per capturing row (pages or keys)
+    kept_scores: int  # floats of scores the attention call keeps for the reduction
+
+
 class CpuAttention:
     name = "cpu"
 
@@ -117,7 +130,7 @@ class CpuAttention:
         self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
         self._ref = TorchAttention()
 
-    def _plan(self, layer: int, meta: AttentionMeta, hq: int):
+    def _plan(self, layer: int, meta: AttentionMeta, hq: int) -> _LayerPlan:
         """Kernel inputs for this layer; layers whose rows share views and captures share a plan (in a
         draft step: all layers but ASPIRE's refresh layer)."""
         key = tuple((None if not r.sparse else id(r.sparse[layer]), layer in r.capture_layers)
@@ -154,8 +167,9 @@ class CpuAttention:
             if sp is not None:
                 idx.append(sp)
                 idx_off += sp.numel()
-        plan = (_int64(desc).reshape(-1, 8), torch.cat(idx).to(torch.int64).contiguous() if idx else _int64([0]),
-                rest, cap_rows, _int64(cap_desc).reshape(-1, 9), _int64(qsel or [0]), out_sizes, sbuf_size)
+        plan = _LayerPlan(_int64(desc).reshape(-1, 8),
+                          torch.cat(idx).to(torch.int64).contiguous() if idx else _int64([0]), rest, cap_rows,
+                          _int64(cap_desc).reshape(-1, 9), _int64(qsel or [0]), out_sizes, sbuf_size)
         plans[key] = plan
         return plan
 
@@ -165,28 +179,30 @@ class CpuAttention:
             return self._ref.attend(layer, q, k_cache, v_cache, meta)
         if not (q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError("the CPU attention kernel needs contiguous q and per-layer K/V caches")
-        desc, idx, rest, cap_rows, cap_desc, qsel, out_sizes, sbuf_size = self._plan(layer, meta, q.shape[1])
+        plan = self._plan(layer, meta, q.shape[1])
         out = torch.empty_like(q)
         hq, (hkv, cap, _) = q.shape[1], k_cache.shape
         threads = torch.get_num_threads()
-        lse = torch.empty(q.shape[:2], dtype=torch.float32) if cap_rows else None
-        sbuf = torch.empty(sbuf_size, dtype=torch.float32) if cap_rows else None
-        if desc.shape[0]:
+        capture = bool(plan.cap_rows)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32) if capture else None
+        kept = torch.empty(plan.kept_scores, dtype=torch.float32) if capture else None
+        if plan.rows.shape[0]:
             rc = self._attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                                 lse.data_ptr() if cap_rows else None, sbuf.data_ptr() if cap_rows else None,
-                                 desc.data_ptr(), desc.shape[0], idx.data_ptr(), hq, hkv, d, cap, meta.scale,
-                                 threads)
+                                 lse.data_ptr() if capture else None, kept.data_ptr() if capture else None,
+                                 plan.rows.data_ptr(), plan.rows.shape[0], plan.idx.data_ptr(), hq, hkv, d, cap,
+                                 meta.scale, threads)
             if rc:
                 raise ValueError(f"the CPU attention kernel rejected the shapes (Hq={hq}, Hkv={hkv}, D={d})")
         captures = {}
-        if cap_rows:
-            scores = torch.zeros(sum(out_sizes), dtype=torch.float32)
-            rc = self._reduce_scores(sbuf.data_ptr(), lse.data_ptr(), cap_desc.data_ptr(), cap_desc.shape[0],
-                                     qsel.data_ptr(), meta.page_size, scores.data_ptr(), hq, threads)
+        if capture:
+            scores = torch.zeros(sum(plan.cap_sizes), dtype=torch.float32)
+            rc = self._reduce_scores(kept.data_ptr(), lse.data_ptr(), plan.cap_desc.data_ptr(),
+                                     plan.cap_desc.shape[0], plan.cap_tokens.data_ptr(), meta.page_size,
+                                     scores.data_ptr(), hq, threads)
             if rc:
                 raise ValueError(f"the CPU score kernel rejected page size {meta.page_size}")
-            captures = dict(zip(cap_rows, scores.split(out_sizes)))
-        for i in rest:
+            captures = dict(zip(plan.cap_rows, scores.split(plan.cap_sizes)))
+        for i in plan.rest:
             row = meta.rows[i]
             o, row_scores = self._ref._row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
                                            meta)
