@@ -1,9 +1,11 @@
 """Random attention inputs shared by the kernel tests (Triton and compiled CPU backends)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from aspire_bench.kernels.base import AttentionMeta, RowMeta
+from aspire_bench.kernels.base import PAGE_MAX_SUM, AttentionMeta, RowMeta
+from aspire_bench.kernels.torch_ref import TorchAttention
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,3 +45,38 @@ def make_batch(specs, hq, hkv, d, dtype, page_size=16, layers=1, seed=0):
 
 def meta_of(rows, d, page_size=16):
     return AttentionMeta(rows=rows, num_tokens=sum(r.n for r in rows), page_size=page_size, scale=d ** -0.5)
+
+
+def capture_at_layer0(row: RowMeta, queries, reduce: str = PAGE_MAX_SUM) -> None:
+    """Ask for the row's attention scores at layer 0, averaged over `queries`, reduced by `reduce`."""
+    row.capture_layers = frozenset({0})
+    row.capture_queries = queries
+    row.capture_reduce = reduce
+
+
+def run_both(backend, q, k, v, rows, d, layer=0, page_size=16):
+    """(reference result, backend result) of one layer, each on a fresh meta."""
+    ref = TorchAttention().attend(layer, q, k, v, meta_of(rows, d, page_size))
+    got = backend.attend(layer, q, k, v, meta_of(rows, d, page_size))
+    return ref, got
+
+
+def layers_sharing_a_plan(backend, rtol: float, seed: int = 5) -> AttentionMeta:
+    """Three layers, the middle one a refresh layer (full view): each equals the reference. Returns
+    the meta the backend cached its plans in (two distinct views: two plans)."""
+    q, k, v, rows = make_batch([(1, 50, 0.5), (3, 20, None)], 4, 2, 16, torch.float32, layers=3, seed=seed)
+    rows[0].sparse[1] = None  # a refresh layer: full view at layer 1
+    rows[0].sparse_pos[1] = None
+    meta = meta_of(rows, 16)
+    for layer in range(3):
+        out, _ = backend.attend(layer, q, k, v, meta)
+        ref, _ = TorchAttention().attend(layer, q, k, v, meta_of(rows, 16))
+        assert rel_err(out, ref) <= rtol
+    return meta
+
+
+def refuses_capture_on_sparse_layer(backend) -> None:
+    q, k, v, rows = make_batch([(1, 50, 0.5)], 4, 2, 16, torch.float32)
+    capture_at_layer0(rows[0], (0,))
+    with pytest.raises(ValueError, match="full-attention layer"):
+        backend.attend(0, q, k, v, meta_of(rows, 16))

@@ -11,15 +11,15 @@ import random
 import shutil
 import warnings
 
+import kernel_cases
 import pytest
 import torch
-from kernel_cases import make_batch, meta_of, rel_err
+from kernel_cases import capture_at_layer0, make_batch, rel_err
 
 from aspire_bench.errors import ConfigError
 from aspire_bench.kernels import cpu_attention, get_backend
 from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
 from aspire_bench.kernels.cpu_attention import CpuAttention, KernelBuildError
-from aspire_bench.kernels.torch_ref import TorchAttention
 
 try:
     cpu_attention._compiler()
@@ -36,9 +36,7 @@ MIXED = [(1, 70, None), (17, 45, None), (1, 150, 0.3), (17, 101, 0.5), (1, 3, No
 
 
 def run_both(q, k, v, rows, d, layer=0, page_size=16):
-    ref = TorchAttention().attend(layer, q, k, v, meta_of(rows, d, page_size))
-    got = CpuAttention().attend(layer, q, k, v, meta_of(rows, d, page_size))
-    return ref, got
+    return kernel_cases.run_both(CpuAttention(), q, k, v, rows, d, layer, page_size)
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (4, 4, 16), (8, 2, 64), (8, 1, 128), (6, 2, 48),
@@ -68,12 +66,8 @@ def test_scores_match_reference(hq, hkv, reduce, queries, page_size):
     seed = SEED + hq * 10 + hkv + page_size
     q, k, v, rows = make_batch([(17, 150, None), (1, 1500, None), (1, 80, 0.5)], hq, hkv, 16,
                                torch.float32, page_size=page_size, seed=seed)
-    rows[0].capture_layers = frozenset({0})
-    rows[0].capture_queries = queries
-    rows[0].capture_reduce = reduce
-    rows[1].capture_layers = frozenset({0})
-    rows[1].capture_queries = (0,)
-    rows[1].capture_reduce = PAGE_MAX_SUM if reduce == TOKEN_MEAN else TOKEN_MEAN
+    capture_at_layer0(rows[0], queries, reduce)
+    capture_at_layer0(rows[1], (0,), PAGE_MAX_SUM if reduce == TOKEN_MEAN else TOKEN_MEAN)
     (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, 16, page_size=page_size)
     assert rel_err(out, ref) <= RTOL, f"seed {seed}"
     assert sorted(caps) == [0, 1]
@@ -85,24 +79,14 @@ def test_scores_match_reference(hq, hkv, reduce, queries, page_size):
 def test_prefill_chunk_capture_goes_to_the_reference():
     seed = SEED + 7
     q, k, v, rows = make_batch([(40, 20, None), (1, 130, None)], 4, 2, 16, torch.float32, seed=seed)
-    rows[0].capture_layers = frozenset({0})
-    rows[0].capture_queries = (-1,)
-    rows[0].capture_reduce = TOKEN_MEAN
+    capture_at_layer0(rows[0], (-1,), TOKEN_MEAN)
     (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, 16)
     assert rel_err(out, ref) <= RTOL
     assert sorted(caps) == [0] and rel_err(caps[0], ref_caps[0]) <= 1e-5
 
 
 def test_plan_is_shared_by_layers_with_the_same_views():
-    q, k, v, rows = make_batch([(1, 50, 0.5), (3, 20, None)], 4, 2, 16, torch.float32, layers=3, seed=SEED)
-    rows[0].sparse[1] = None  # a refresh layer: full view at layer 1
-    rows[0].sparse_pos[1] = None
-    meta = meta_of(rows, 16)
-    be = CpuAttention()
-    for layer in range(3):
-        out, _ = be.attend(layer, q, k, v, meta)
-        ref, _ = TorchAttention().attend(layer, q, k, v, meta_of(rows, 16))
-        assert rel_err(out, ref) <= RTOL
+    meta = kernel_cases.layers_sharing_a_plan(CpuAttention(), RTOL, seed=SEED)
     assert len(meta.backend_cache["cpu_plans"]) == 2
 
 
@@ -114,11 +98,7 @@ def test_other_dtypes_and_head_dims_use_the_reference():
 
 
 def test_capture_on_sparse_layer_is_refused():
-    q, k, v, rows = make_batch([(1, 50, 0.5)], 4, 2, 16, torch.float32)
-    rows[0].capture_layers = frozenset({0})
-    rows[0].capture_queries = (0,)
-    with pytest.raises(ValueError, match="full-attention layer"):
-        CpuAttention().attend(0, q, k, v, meta_of(rows, 16))
+    kernel_cases.refuses_capture_on_sparse_layer(CpuAttention())
 
 
 def test_auto_picks_the_compiled_kernel_on_cpu():

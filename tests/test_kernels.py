@@ -20,12 +20,12 @@ try:
 except ImportError as e:  # pragma: no cover
     pytest.skip(f"triton is not importable ({e}); the Triton kernels are untested here", allow_module_level=True)
 
-from kernel_cases import make_batch, meta_of, rel_err
+import kernel_cases
+from kernel_cases import capture_at_layer0, make_batch, meta_of, rel_err
 
 from aspire_bench.kernels import get_backend
 from aspire_bench.kernels import triton_attention as ta
 from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
-from aspire_bench.kernels.torch_ref import TorchAttention
 from aspire_bench.kernels.triton_backend import TritonAttention
 from aspire_bench.kernels.triton_scores import select_pages
 
@@ -46,9 +46,7 @@ def poison(monkeypatch):
 
 
 def run_both(q, k, v, rows, d, layer=0, page_size=16, **kw):
-    ref = TorchAttention().attend(layer, q, k, v, meta_of(rows, d, page_size))
-    got = TritonAttention(**kw).attend(layer, q, k, v, meta_of(rows, d, page_size))
-    return ref, got
+    return kernel_cases.run_both(TritonAttention(**kw), q, k, v, rows, d, layer, page_size)
 
 
 # Ragged rows: decode (1 query) and verify (17 queries), full and sparse, contexts that are not a
@@ -93,12 +91,8 @@ def test_scores_match_reference(hq, hkv, reduce, queries):
     # sparse row that does not capture; 150+17 keys = 10.4 pages, 3 key blocks.
     specs = [(17, 150, None), (1, 93, None), (1, 80, 0.5)]
     q, k, v, rows = make_batch(specs, hq, hkv, d, torch.float32, seed=hq * 3 + hkv)
-    rows[0].capture_layers = frozenset({0})
-    rows[0].capture_queries = queries
-    rows[0].capture_reduce = reduce
-    rows[1].capture_layers = frozenset({0})
-    rows[1].capture_queries = (0,)
-    rows[1].capture_reduce = PAGE_MAX_SUM if reduce == TOKEN_MEAN else TOKEN_MEAN
+    capture_at_layer0(rows[0], queries, reduce)
+    capture_at_layer0(rows[1], (0,), PAGE_MAX_SUM if reduce == TOKEN_MEAN else TOKEN_MEAN)
     for kw in ({"min_chunk": 10 ** 6}, {"min_chunk": 64, "target_programs": 10 ** 6}):  # lse with and without splits
         (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, d, **kw)
         assert rel_err(out, ref) <= RTOL[torch.float32]
@@ -112,8 +106,7 @@ def test_scores_half_precision_and_odd_page_size():
     # Page size 12 is not a power of two: the kernel reduces per token, torch sums the pages.
     for dtype, ps in ((torch.float16, 12), (torch.bfloat16, 16)):
         q, k, v, rows = make_batch([(9, 61, None)], 8, 2, 32, dtype, page_size=ps, seed=7)
-        rows[0].capture_layers = frozenset({0})
-        rows[0].capture_queries = (0, -1)
+        capture_at_layer0(rows[0], (0, -1))
         (_, ref_caps), (_, caps) = run_both(q, k, v, rows, 32, page_size=ps)
         assert caps[0].shape == ref_caps[0].shape == (-(-70 // ps),)
         assert rel_err(caps[0], ref_caps[0]) <= RTOL[dtype]
@@ -127,9 +120,7 @@ def test_prefill_rows_use_sdpa_next_to_kernel_rows():
     q, k, v, rows = make_batch([(40, 20, None), (1, 130, None), (33, 64, 0.5), (17, 9, None)],
                                4, 2, 16, torch.float32, seed=11)
     for i, queries, reduce in ((0, (-1, 0, 39), TOKEN_MEAN), (1, (0,), PAGE_MAX_SUM)):
-        rows[i].capture_layers = frozenset({0})
-        rows[i].capture_queries = queries
-        rows[i].capture_reduce = reduce
+        capture_at_layer0(rows[i], queries, reduce)
     (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, 16, min_chunk=64, target_programs=10 ** 6)
     assert rel_err(out, ref) <= RTOL[torch.float32]
     assert sorted(caps) == [0, 1]
@@ -138,24 +129,12 @@ def test_prefill_rows_use_sdpa_next_to_kernel_rows():
 
 
 def test_plan_is_shared_by_layers_with_the_same_views():
-    q, k, v, rows = make_batch([(1, 50, 0.5), (3, 20, None)], 4, 2, 16, torch.float32, layers=3, seed=5)
-    rows[0].sparse[1] = None  # a refresh layer: full view at layer 1
-    rows[0].sparse_pos[1] = None
-    meta = meta_of(rows, 16)
-    be = TritonAttention()
-    for layer in range(3):
-        out, _ = be.attend(layer, q, k, v, meta)
-        ref, _ = TorchAttention().attend(layer, q, k, v, meta_of(rows, 16))
-        assert rel_err(out, ref) <= RTOL[torch.float32]
+    meta = kernel_cases.layers_sharing_a_plan(TritonAttention(), RTOL[torch.float32])
     assert len([key for key in meta.backend_cache if key[0] == "plan"]) == 2
 
 
 def test_capture_on_sparse_layer_is_refused():
-    q, k, v, rows = make_batch([(1, 50, 0.5)], 4, 2, 16, torch.float32)
-    rows[0].capture_layers = frozenset({0})
-    rows[0].capture_queries = (0,)
-    with pytest.raises(ValueError, match="full-attention layer"):
-        TritonAttention().attend(0, q, k, v, meta_of(rows, 16))
+    kernel_cases.refuses_capture_on_sparse_layer(TritonAttention())
 
 
 def test_select_pages_keeps_recent_and_top():

@@ -21,9 +21,9 @@ def get_backend(name: str, device_type: str) -> AttentionBackend:
             except ImportError:
                 pass
         elif device_type == "cpu":
-            from .cpu_attention import CpuAttention, KernelBuildError
+            from .cpu_attention import KernelBuildError
             try:
-                return CpuAttention()
+                return get_backend("cpu", device_type)
             except KernelBuildError as e:
                 warnings.warn(f"{e}\nfalling back to the torch attention backend (slower on CPU)", stacklevel=2)
     if name == "torch":
