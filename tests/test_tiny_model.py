@@ -28,11 +28,15 @@ def test_distinct_n():
         distinct_n([1, 2, 3], n=0)
 
 
+def _small_settings() -> TrainSettings:
+    return TrainSettings(short_len=64, long_lens=(128,), tokens_per_step=512, warmup_steps=3,
+                         vocab_size=512, model={"num_hidden_layers": 2, "hidden_size": 64,
+                                                "intermediate_size": 128})
+
+
 def test_train_tiny_runs_and_learns(tmp_path):
     files = corpus.list_files("train")[:6]
-    settings = TrainSettings(short_len=64, long_lens=(128,), tokens_per_step=512, warmup_steps=3,
-                             vocab_size=512, model={"num_hidden_layers": 2, "hidden_size": 64,
-                                                    "intermediate_size": 128})
+    settings = _small_settings()
     record = train_tiny(tmp_path, max_steps=40, settings=settings, files=files, eval_tokens=0, log_every=100)
     assert record["steps"] == 40 and record["long_phase_from_step"] == 32
     assert record["final_train_loss"] < record["first_train_loss"] - 1.0
@@ -59,6 +63,49 @@ def shipped():
     model = AutoModelForCausalLM.from_pretrained(TINY_DIR, dtype=torch.float32).eval()
     record = json.loads((TINY_DIR / "training.json").read_text())
     return tok, model, record
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """A run killed after a checkpoint and started again ends exactly where an uninterrupted one does."""
+    from aspire_bench.tinymodel import train
+
+    files = corpus.list_files("train")[:4]
+    kw = dict(max_steps=8, files=files, eval_tokens=0, log_every=100, checkpoint_every=3, eval_every=4)
+    whole = train_tiny(tmp_path / "whole", settings=_small_settings(), **kw)
+
+    real_save = train.save_checkpoint
+
+    def save_then_die(path, state):
+        real_save(path, state)
+        if state["step"] == 6:
+            raise KeyboardInterrupt  # as a kill right after the second checkpoint
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train_tiny(tmp_path / "resumed", settings=_small_settings(), **kw)
+    assert (tmp_path / "resumed" / train.CHECKPOINT).exists()
+    resumed = train_tiny(tmp_path / "resumed", settings=_small_settings(), **kw)
+    assert not (tmp_path / "resumed" / train.CHECKPOINT).exists()  # removed once the run is complete
+    assert resumed["steps"] == whole["steps"] == 8
+    assert resumed["final_train_loss"] == whole["final_train_loss"]
+    assert [p["step"] for p in resumed["curve"]] == [4, 8] and resumed["curve"][0]["heldout_loss_4096"] > 0
+    a = (tmp_path / "whole" / "model.safetensors").read_bytes()
+    b = (tmp_path / "resumed" / "model.safetensors").read_bytes()
+    assert a == b
+
+
+def test_resume_refuses_other_settings(tmp_path, monkeypatch):
+    from aspire_bench.tinymodel import train
+
+    files = corpus.list_files("train")[:4]
+    monkeypatch.setattr(train, "save_checkpoint",
+                        lambda path, state: (torch.save(state, path), (_ for _ in ()).throw(KeyboardInterrupt)))
+    with pytest.raises(KeyboardInterrupt):
+        train_tiny(tmp_path, max_steps=4, settings=_small_settings(), files=files, eval_tokens=0,
+                   checkpoint_every=2)
+    with pytest.raises(ValueError, match="other settings or seed"):
+        train_tiny(tmp_path, max_steps=4, settings=_small_settings(), files=files, eval_tokens=0,
+                   checkpoint_every=2, seed=1)
 
 
 def test_shipped_checkpoint_shape(shipped):

@@ -242,6 +242,17 @@ class Progress:
         return min(1.0, (time.time() - self.t0) / self.budget_s)
 
 
+CHECKPOINT = "checkpoint.pt"  # inside the output directory while a run is under way
+CURVE = "curve.jsonl"  # one line per evaluation: tokens seen, train loss, held-out loss
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Written to a temporary file and renamed: a run killed mid-write keeps its previous checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -262,12 +273,19 @@ def train_tiny(
     log_every: int = 10,
     command: str = "",
     init_from: str | Path | None = None,
+    checkpoint_every: int = 0,
+    eval_every: int = 0,
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
 
     `minutes` bounds the whole run's wall time instead of `max_steps` (see `Progress`). `files`
     defaults to the corpus' train split (tests pass a handful). `eval_tokens=0` skips the held-out
     evaluation.
+
+    `checkpoint_every` steps the whole training state (weights, optimizer, step, data and RNG state)
+    is saved to `out_dir/checkpoint.pt`; a run started again with the same arguments resumes from it
+    and takes exactly the steps it would have taken uninterrupted (step-count schedules only).
+    `eval_every` steps the held-out loss at 4k context is appended to `out_dir/curve.jsonl`.
     """
     import transformers
     from transformers import GenerationConfig, Qwen3ForCausalLM
@@ -316,6 +334,21 @@ def train_tiny(
     budget_s = None if minutes is None else minutes * 60 - (t_train - t0) - 180
     progress = Progress(s.max_steps, budget_s)
     step, long_from = 0, None
+    ckpt_path, curve_path = out_dir / CHECKPOINT, out_dir / CURVE
+    if checkpoint_every and minutes is not None:
+        raise ValueError("checkpoints need a step-count schedule: pass --steps, not --minutes")
+    if checkpoint_every and ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["settings"] != asdict(s) or ck["seed"] != seed:
+            raise ValueError(f"{ckpt_path} was written with other settings or seed: "
+                             "resume with the same arguments, or delete it to start afresh")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        batches.rng.bit_generator.state = ck["data_rng"]
+        torch.set_rng_state(ck["torch_rng"])
+        step, long_from, tokens_seen, losses = ck["step"], ck["long_from"], ck["tokens_seen"], ck["losses"]
+        t_train -= ck["train_wall_s"]
+        print(f"resumed from {ckpt_path} at step {step}", flush=True)
     while (p := progress(step)) < 1:
         if long_from is None and p >= 1 - s.long_fraction:
             long_from = step
@@ -336,6 +369,20 @@ def train_tiny(
             print(f"step {step:5d}  len {x.shape[1]:5d}x{x.shape[0]}  loss {losses[-1]:.3f}  "
                   f"lr {lr:.2e}  {tokens_seen / el:,.0f} tok/s  {el / 60:.1f} min", flush=True)
         step += 1
+        if eval_every and step % eval_every == 0:
+            point = {"step": step, "tokens_seen": tokens_seen,
+                     "train_loss": round(float(np.mean(losses[-eval_every:])), 4),
+                     "heldout_loss_4096": round(heldout_loss(model, tok, 4096, eval_tokens or 4096), 4),
+                     "train_wall_s": round(time.time() - t_train, 1)}
+            with curve_path.open("a") as f:
+                f.write(json.dumps(point) + "\n")
+            print(f"eval  {point}", flush=True)
+        if checkpoint_every and step % checkpoint_every == 0:
+            save_checkpoint(ckpt_path, {
+                "settings": asdict(s), "seed": seed, "step": step, "long_from": long_from,
+                "tokens_seen": tokens_seen, "losses": losses, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "data_rng": batches.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "train_wall_s": time.time() - t_train})
 
     # Evaluate the weights as shipped (bf16), not the fp32 ones they were rounded from.
     model.to(torch.bfloat16).float().eval()
@@ -370,7 +417,10 @@ def train_tiny(
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     record["wall_s"] = round(time.time() - t0, 1)
+    if curve_path.exists():
+        record["curve"] = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
     (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    ckpt_path.unlink(missing_ok=True)  # the run is complete: the checkpoint's job is done
     print(json.dumps(record, indent=2), flush=True)
     return record
 
@@ -390,7 +440,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=TrainSettings.warmup_steps)
     ap.add_argument("--long-fraction", type=float, default=TrainSettings.long_fraction,
                     help="share of the run spent on long single-package sequences (the copy curriculum)")
+    ap.add_argument("--long-lens", default=",".join(map(str, TrainSettings.long_lens)),
+                    help="comma-separated sequence lengths cycled through in the long phase")
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="save the whole training state every N steps; rerunning the same command resumes")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="append the held-out loss at 4k to OUT/curve.jsonl every N steps (learning curve)")
     args = ap.parse_args(argv)
+    try:
+        long_lens = tuple(int(x) for x in args.long_lens.split(","))
+    except ValueError:
+        ap.error(f"--long-lens takes comma-separated integers, got {args.long_lens!r}")
+    if any(n <= 0 for n in long_lens) or args.checkpoint_every < 0 or args.eval_every < 0:
+        ap.error("--long-lens entries must be positive; --checkpoint-every and --eval-every at least 0")
+    if args.checkpoint_every and args.minutes is not None:
+        ap.error("--checkpoint-every needs a step-count schedule (--steps): a wall-clock budget cannot resume")
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m aspire_bench.tinymodel.train " + shlex.join(argv)
     if args.quick:
@@ -399,9 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         train_tiny(args.out, device=args.device, max_steps=30, seed=args.seed, settings=settings,
                    files=corpus.list_files("train")[:40], eval_tokens=2048, command=command)
     else:
-        settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps, long_fraction=args.long_fraction)
+        settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps, long_fraction=args.long_fraction,
+                                 long_lens=long_lens)
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
-                   threads=args.threads, command=command, init_from=args.init_from, settings=settings)
+                   threads=args.threads, command=command, init_from=args.init_from, settings=settings,
+                   checkpoint_every=args.checkpoint_every, eval_every=args.eval_every)
     return 0
 
 
