@@ -250,7 +250,14 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
         res = calibrate(engine, batch_size, context_len, repeats=repeats, progress=progress)
     path = save_calibration(res, engine, batch_size, out)
     click.echo(f"step time = {res['beta0'] * 1e3:.3f} ms + {res['beta_tok'] * 1e6:.2f} us/token + "
-               f"{res['beta_attn'] * 1e9:.3f} ns/KV position read")
+               f"{res['beta_attn'] * 1e9:.3f} ns/KV position read + "
+               f"{res['beta_qk'] * 1e12:.3f} ps/(query x KV position)"
+               + ("" if res["beta_qk"] else " (query x KV term not significant: the paper's three terms)"))
+    from .decoders.scheduler import CostModel, fit_problem
+    problem = fit_problem(CostModel.from_dict(res, "calibration"))
+    if problem:
+        click.echo(f"warning: this fit will be rejected by aspire ({problem}): calibrate on an idle machine",
+                   err=True)
     click.echo(f"R^2 {res['r2']:.3f}; held-out relative error median {res['heldout_rel_err_median']:.1%}, "
                f"max {res['heldout_rel_err_max']:.1%} over {res['n_samples']} steps")
     click.echo(f"saved {path}")

@@ -3,10 +3,13 @@ and loaded back through the user-facing loader."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# ASPIRE's calibrations made by the tests (on toy models, under test load) stay out of the user's cache.
+os.environ.setdefault("ASPIRE_BENCH_CALIBRATION_DIR", tempfile.mkdtemp(prefix="aspire-bench-calibration-"))
 
 import pytest
 import torch

@@ -13,6 +13,8 @@ _REGISTRY = {
     "aspire-fixed": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fixed", "gamma": 5}),
     "aspire-fsm": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fsm"}),
     "aspire-norefresh": ("aspire_bench.decoders.aspire", "AspireDecoder", {"refresh": False}),
+    # the paper's cost model as published: three terms, verification cost flat in the draft length
+    "aspire-papercost": ("aspire_bench.decoders.aspire", "AspireDecoder", {"cost_terms": "paper"}),
     # an upper bound, not a decoder one could deploy: it knows the target's tokens in hindsight
     "aspire-oracle": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "oracle"}),
 }

@@ -8,23 +8,20 @@ A per-request scheduler with a batch-aware cost model chooses when each request 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 from ..engine import PAGE_MAX_SUM, Capture, PageView
 from ..errors import ConfigError
 from .base import StepTrace
-from .scheduler import DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model, update_alpha
+from .scheduler import DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model, fit_problem, update_alpha
 from .selection import page_budget, select_pages
 from .speculative import SpeculativeDecoder
 
 POLICIES = ("adaptive", "fixed", "fsm", "oracle")
-CALIBRATION_DIR = Path.home() / ".cache" / "aspire-bench" / "calibration"
-
-
-def calibration_key(model: str, device: str, dtype: str, page_size: int, batch_size: int) -> str:
-    safe = "".join(ch if ch.isalnum() else "_" for ch in str(model))[-60:]
-    return f"{safe}-{device}-{dtype}-p{page_size}-b{batch_size}"
+ZERO_DRAFT = ("relax", "freeze")
+COST_TERMS = ("auto", "paper")
 
 
 class AspireDecoder(SpeculativeDecoder):
@@ -35,23 +32,29 @@ class AspireDecoder(SpeculativeDecoder):
     def __init__(self, ratio: float = 0.07, min_pages: int = 32, recent_pages: int = 8, d_max: int = 16,
                  gamma_init: int = 3, omega: float = 0.8, alpha0: float = 0.9, policy: str = "adaptive",
                  gamma: int = 5, refresh: bool = True, refresh_layer: int = -2, calibration: str = "auto",
-                 online_fit_every: int = 16):
+                 online_fit_every: int = 16, zero_draft: str = "relax", cost_terms: str = "auto"):
         super().__init__()
         if policy not in POLICIES:
             raise ConfigError(f"unknown aspire policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        if zero_draft not in ZERO_DRAFT:
+            raise ConfigError(f"unknown aspire zero_draft {zero_draft!r}: choose one of {', '.join(ZERO_DRAFT)}")
+        if cost_terms not in COST_TERMS:
+            raise ConfigError(f"unknown aspire cost_terms {cost_terms!r}: choose one of {', '.join(COST_TERMS)}")
         self.ratio, self.min_pages, self.recent_pages = ratio, min_pages, recent_pages
         self.d_max, self.gamma_init, self.omega, self.alpha0 = d_max, gamma_init, omega, alpha0
         self.policy, self.gamma = policy, gamma
         self.refresh, self.refresh_layer = refresh, refresh_layer
         self.calibration, self.online_fit_every = calibration, online_fit_every
+        self.zero_draft, self.cost_terms = zero_draft, cost_terms
         self._cost: CostModel = DEFAULT_COST
-        self._samples: list[tuple[float, float, float]] = []
+        self._samples: list[tuple[float, float, float, float]] = []
 
     def settings(self):
         return {"policy": self.policy, "gamma": self.gamma if self.policy == "fixed" else None,
                 "ratio": self.ratio, "min_pages": self.min_pages, "recent_pages": self.recent_pages,
                 "d_max": self.d_max, "gamma_init": self.gamma_init, "omega": self.omega, "alpha0": self.alpha0,
-                "refresh": self.refresh, "refresh_layer": self.refresh_layer, "cost_model": self._cost.to_dict()}
+                "refresh": self.refresh, "refresh_layer": self.refresh_layer, "zero_draft": self.zero_draft,
+                "cost_terms": self.cost_terms, "calibration": self.calibration, "cost_model": self._cost.to_dict()}
 
     # --- set-up --------------------------------------------------------------------------------
     def _layer(self, engine) -> int:
@@ -59,29 +62,44 @@ class AspireDecoder(SpeculativeDecoder):
 
     def generate(self, engine, requests, params, batch_size, progress=None):
         self._samples = []
-        # "none": the fixed default cost model, never refitted, so the schedule does not depend on timing
-        # (reproducible acceptance, as a regression gate needs).
-        fixed = replace(DEFAULT_COST, source="none") if self.calibration == "none" else None
-        self._cost = fixed or self._load_calibration(engine, batch_size) or DEFAULT_COST
+        self._cost = self._cost_model(engine, batch_size)
         return super().generate(engine, requests, params, batch_size, progress)
 
-    def _load_calibration(self, engine, batch_size) -> CostModel | None:
-        if self.calibration in ("none", "online"):
-            return None
+    def _cost_model(self, engine, batch_size) -> CostModel:
+        """The cost model of this run, fixed for the whole run unless calibration=online.
+
+        none: the fixed default. auto: this machine's stored calibration for the same model, device,
+        dtype, backend, page size and batch size, measured once now (and stored) when there is none.
+        FILE: that calibration, replayed. online: the default, refitted from this run's own steps.
+        A fit that fails the quality check is rejected with a warning for the default.
+        """
+        if self.calibration == "none":  # reproducible by construction, as a regression gate needs
+            return replace(DEFAULT_COST, source="none")
+        if self.calibration == "online":
+            return DEFAULT_COST
+        from .calibration import CALIBRATION_CONTEXT, calibrate, calibration_path, cost_model_from, save_calibration
         if self.calibration == "auto":
-            dtype = str(engine.dtype).replace("torch.", "")
-            path = CALIBRATION_DIR / (calibration_key(engine.name, engine.device.type, dtype, engine.page_size,
-                                                      batch_size) + ".json")
+            path = calibration_path(engine, batch_size)
             if not path.exists():
-                return None
+                context = min(CALIBRATION_CONTEXT, engine.max_context - self.d_max - engine.page_size - 1)
+                save_calibration(calibrate(engine, batch_size, context, repeats=2), engine, batch_size, path)
         else:
             path = Path(self.calibration)
             if not path.exists():
                 raise ConfigError(f"calibration file {path} does not exist: run `aspire-bench calibrate` "
                                   "or pass calibration=auto")
-        d = json.loads(path.read_text())
-        return CostModel(d["beta0"], d["beta_tok"], d["beta_attn"], source=f"calibration:{path.name}",
-                         r2=d.get("r2"))
+        try:
+            stored = json.loads(path.read_text())
+            model = cost_model_from(stored, f"calibration:{path.name}", qk=self.cost_terms == "auto")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"calibration file {path} is not a calibration ({e}): "
+                              "run `aspire-bench calibrate` again or delete the file") from e
+        problem = fit_problem(model)
+        if problem:
+            warnings.warn(f"aspire: calibration {path} rejected ({problem}); using the default cost model. "
+                          "Re-run `aspire-bench calibrate` on an idle machine.", stacklevel=2)
+            return replace(DEFAULT_COST, source=f"default (rejected {path.name}: {problem})")
+        return model
 
     def prefill_capture(self, engine):
         return Capture((self._layer(engine),), (0,), PAGE_MAX_SUM)
@@ -167,17 +185,19 @@ class AspireDecoder(SpeculativeDecoder):
 
     def _after_verify(self, st, d: int, a: int) -> None:
         sch = self._sched(st)
-        sch.alpha = update_alpha(sch.alpha, a, d, self.omega)
+        sch.alpha = update_alpha(sch.alpha, a, d, self.omega,
+                                 self.alpha0 if self.zero_draft == "relax" else None)
         sch.verified = True
         if self.policy == "fsm":  # +1 when all drafts were accepted, -1 otherwise
             sch.target = max(1, min(self.d_max, sch.target + (1 if a >= d else -1)))
 
     def _observe(self, trace: StepTrace) -> None:
-        """Online calibration: refit the cost model from this run's own steps."""
-        if not self._cost.source.startswith(("default", "online")):
+        """calibration=online only: refit the cost model from this run's own steps (timing-dependent)."""
+        if self.calibration != "online":
             return
-        self._samples.append((trace.n_tokens, sum(rw.kv_read for rw in trace.rows), trace.wall))
+        self._samples.append((trace.n_tokens, sum(rw.kv_read for rw in trace.rows),
+                              sum(rw.n_tokens * rw.kv_read for rw in trace.rows), trace.wall))
         if len(self._samples) >= self.online_fit_every and len(self._samples) % self.online_fit_every == 0:
-            fit = fit_cost_model(self._samples[-256:], source="online")
-            if fit.beta_attn > 0 or fit.beta_tok > 0:
+            fit = fit_cost_model(self._samples[-256:], source="online", qk=self.cost_terms == "auto")
+            if fit_problem(fit) is None:
                 self._cost = fit

@@ -1,10 +1,14 @@
 """Cost-model calibration: time real mixed steps over a grid of batch compositions, fit the betas.
 
-The fit is what ASPIRE's scheduler uses for c_i = T_draft / T_verify (see scheduler.CostModel).
+The fit is what ASPIRE's scheduler uses for c_i (see scheduler.CostModel). A calibration is stored
+per model / device / dtype / attention backend / page size / batch size with its timing samples, so
+that each variant of the cost model (with or without the query x KV term) is refitted from the same
+samples, and a run can replay it exactly.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import time
@@ -13,9 +17,29 @@ from pathlib import Path
 import torch
 
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
-from .aspire import CALIBRATION_DIR, calibration_key
-from .scheduler import fit_cost_model
+from .scheduler import CostModel, fit_cost_model
 from .selection import page_budget
+
+# Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
+# positions read, so the fit carries to longer contexts.
+CALIBRATION_CONTEXT = 4096
+
+
+def calibration_dir() -> Path:
+    if os.environ.get("ASPIRE_BENCH_CALIBRATION_DIR"):
+        return Path(os.environ["ASPIRE_BENCH_CALIBRATION_DIR"])
+    from ..kernels.cpu_attention import cache_dir
+    return cache_dir() / "calibration"
+
+
+def calibration_key(engine: Engine, batch_size: int) -> str:
+    safe = "".join(ch if ch.isalnum() else "_" for ch in str(engine.name))[-60:]
+    dtype = str(engine.dtype).replace("torch.", "")
+    return f"{safe}-{engine.device.type}-{dtype}-{engine.backend.name}-p{engine.page_size}-b{batch_size}"
+
+
+def calibration_path(engine: Engine, batch_size: int) -> Path:
+    return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
 
 
 def _time_step(engine: Engine, rows: list[Row]) -> float:
@@ -26,7 +50,10 @@ def _time_step(engine: Engine, rows: list[Row]) -> float:
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
               repeats: int = 3, seed: int = 0, progress=None) -> dict:
-    """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples."""
+    """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
+
+    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds).
+    """
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     d_max = max(drafts)
@@ -46,22 +73,24 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     for i, (n_verify, d, ratio) in enumerate(grid):
         budget = page_budget(n_pages, ratio, 1)
         pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
-        rows, kv = [], 0
+        rows, kv, qk = [], 0, 0
         for j, slot in enumerate(slots):
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), context, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
                 kv += context + d + 1
+                qk += (d + 1) * (context + d + 1)
             else:
                 rows.append(Row(slot, [rng.randrange(100)], context, view=pages, full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
                 kv += min(context, budget * engine.page_size) + 1
+                qk += min(context, budget * engine.page_size) + 1
         walls = []
         for _ in range(repeats + 1):  # the first is a warm-up; the median resists machine noise
             walls.append(_time_step(engine, rows))
             for slot in slots:
                 engine.rollback(slot, context)
-        samples.append((sum(row.n for row in rows), kv, statistics.median(walls[1:])))
+        samples.append((sum(row.n for row in rows), kv, qk, statistics.median(walls[1:])))
         if progress:
             progress(i + 1, len(grid))
     for slot in slots:
@@ -72,7 +101,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     train = [samples[i] for i in order[:cut]]
     held = [samples[i] for i in order[cut:]] or train
     model = fit_cost_model(train, source="calibration")
-    rel = [abs(model.step_time(n, kv) - t) / t for n, kv, t in held]
+    rel = [abs(model.step_time(n, kv, q) - t) / t for n, kv, q, t in held]
     full = fit_cost_model(samples, source="calibration")
     return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
             "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
@@ -80,12 +109,22 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
 
 
 def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | None = None) -> Path:
-    dtype = str(engine.dtype).replace("torch.", "")
-    path = out or CALIBRATION_DIR / (calibration_key(engine.name, engine.device.type, dtype, engine.page_size,
-                                                     batch_size) + ".json")
+    """Written atomically (a temporary file renamed), so a reader never sees half a calibration."""
+    path = out or calibration_path(engine, batch_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type, "dtype": dtype,
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type,
+                               "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
                                "page_size": engine.page_size}, indent=1))
     tmp.replace(path)
     return path
+
+
+def cost_model_from(calibration: dict, source: str, qk: bool = True) -> CostModel:
+    """The cost model of a stored calibration: refitted from its samples (with or without the
+    query x KV term), or its coefficients as stored when it has no samples."""
+    samples = [tuple(s) for s in calibration.get("samples") or []]
+    if samples:
+        return fit_cost_model(samples, source=source, qk=qk)
+    model = CostModel.from_dict(calibration, source)
+    return model if qk else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)

@@ -5,6 +5,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# A fit explaining less of the step-time variance than this, or with a negative coefficient, is
+# not a cost model: the scheduler would chase noise. Such fits are rejected (see `fit_problem`).
+MIN_R2 = 0.9
+# beta_qk is kept only when its t-statistic reaches this: on a GPU (verification cost flat in the
+# number of queries) it fits ~0 and the model reduces to the paper's three terms.
+QK_MIN_T = 3.0
+
 
 def expected_tokens(alpha: float, gamma: int) -> float:
     """Omega(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha): tokens per verification."""
@@ -19,10 +26,17 @@ def best_gamma(alpha: float, c: float, d_max: int) -> int:
     return int(np.argmax(vals))
 
 
-def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8) -> float:
-    """EMA of the per-token acceptance: alpha_hat = a / min(a + 1, d), 1 when all were accepted."""
+def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,
+                 alpha0: float | None = None) -> float:
+    """EMA of the per-token acceptance: alpha_hat = a / min(a + 1, d), 1 when all were accepted.
+
+    A verification of 0 drafts says nothing about acceptance (0/0). Left there, alpha would never
+    move again and the request would stay at gamma = 0 for good. Given `alpha0`, such a verification
+    relaxes alpha one EMA step toward alpha0 instead, so the request probes drafting again after a
+    few AR-like steps and a real verification re-estimates alpha. `alpha0=None` keeps it frozen.
+    """
     if drafted == 0:
-        return alpha
+        return alpha if alpha0 is None else omega * alpha + (1.0 - omega) * alpha0
     hat = 1.0 if accepted >= drafted else accepted / min(accepted + 1, drafted)
     return omega * alpha + (1.0 - omega) * hat
 
@@ -36,38 +50,90 @@ class RequestSchedule:
 
 @dataclass
 class CostModel:
-    """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)."""
+    """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
+    + beta_qk * sum over rows of (row tokens x row KV positions read).
+
+    The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
+    arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0.
+    """
 
     beta0: float
     beta_tok: float
     beta_attn: float
+    beta_qk: float = 0.0
     source: str = "default"
     r2: float | None = None
 
-    def step_time(self, n_tokens: float, kv_read: float) -> float:
-        return self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read
+    def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0) -> float:
+        return self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
 
     def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int) -> float:
-        """c_i = T_draft / T_verify for a request in a batch of `batch`."""
-        t_draft = self.step_time(batch, batch * draft_kv)
-        t_verify = self.step_time(batch * (drafts + 1), batch * context)
-        return t_draft / t_verify if t_verify > 0 else 1.0
+        """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch`.
+
+        Paper (beta_qk = 0): c_i = T_draft / T_verify(d_i). With beta_qk, T_verify grows by
+        g = beta_qk * batch * context per extra draft: the time per verification cycle of gamma
+        drafts is gamma * (T_draft + g) + T_verify(d_i) - d_i * g, which keeps the paper's form with
+        c_i = (T_draft + g) / (T_verify(d_i) - d_i * g).
+        """
+        t_draft = self.step_time(batch, batch * draft_kv, batch * draft_kv)
+        t_verify = self.step_time(batch * (drafts + 1), batch * context, batch * (drafts + 1) * context)
+        growth = self.beta_qk * batch * context
+        base = t_verify - drafts * growth
+        return (t_draft + growth) / base if base > 0 else 1.0
 
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
-                "source": self.source, "r2": self.r2}
+                "beta_qk": self.beta_qk, "source": self.source, "r2": self.r2}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str) -> CostModel:
+        return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
+                   source, d.get("r2"))
 
 
-def fit_cost_model(samples: list[tuple[float, float, float]], source: str = "fit") -> CostModel:
-    """Least squares on (n_tokens, kv_read, seconds) samples; coefficients clipped at 0."""
-    X = np.array([[1.0, n, kv] for n, kv, _ in samples])
-    y = np.array([t for _, _, t in samples])
+def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """Coefficients, their t-statistics and R^2 of an ordinary least-squares fit."""
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    beta = np.clip(beta, 0.0, None)
-    pred = X @ beta
+    resid = y - X @ beta
     ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
-    return CostModel(float(beta[0]), float(beta[1]), float(beta[2]), source, r2)
+    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    dof = max(1, len(y) - X.shape[1])
+    sigma2 = float((resid ** 2).sum()) / dof
+    try:
+        se = np.sqrt(np.clip(np.diag(np.linalg.inv(X.T @ X)) * sigma2, 0, None))
+    except np.linalg.LinAlgError:
+        se = np.full(X.shape[1], np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, beta / se, np.inf)
+    return beta, t, r2
+
+
+def fit_cost_model(samples: list[tuple[float, ...]], source: str = "fit", qk: bool = True) -> CostModel:
+    """Least squares on (n_tokens, kv_read, qk, seconds) samples (or (n_tokens, kv_read, seconds)).
+
+    The query x KV term is fitted when `qk` and kept only when significant (t >= QK_MIN_T and
+    positive); otherwise the paper's three terms are refitted without it. Coefficients are returned
+    as fitted (possibly negative): `fit_problem` says whether the fit may be used.
+    """
+    rows = [s if len(s) == 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
+    X4 = np.array([[1.0, n, kv, q] for n, kv, q, _ in rows])
+    y = np.array([t for *_, t in rows])
+    if qk and X4[:, 3].std() > 0:
+        beta, t, r2 = _lstsq(X4, y)
+        if beta[3] > 0 and t[3] >= QK_MIN_T:
+            return CostModel(*map(float, beta), source=source, r2=r2)
+    beta, _, r2 = _lstsq(X4[:, :3], y)
+    return CostModel(*map(float, beta), 0.0, source=source, r2=r2)
+
+
+def fit_problem(model: CostModel) -> str | None:
+    """Why a fitted cost model must not be used, or None when it may."""
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk") if getattr(model, k) < 0]
+    if negative:
+        return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"
+    if model.r2 is None or model.r2 < MIN_R2:
+        return f"R^2 {model.r2 if model.r2 is None else round(model.r2, 3)} < {MIN_R2}"
+    return None
 
 
 # Before any timing exists: attention-dominated decode, as at long context (documented).
