@@ -131,19 +131,22 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 @click.option("--context-len", default=None, help="Context bucket, e.g. 4k, 16k, 32k, 30-40k.")
 @click.option("--repeat", default=1, show_default=True, type=int, help="Measured repeats (median stored).")
 @click.option("--parity", is_flag=True, help="Also run AR greedy and compare token for token.")
+@click.option("--parity-tolerance", default=None, type=float,
+              help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
 @click.option("--store", default="aspire_results.db", show_default=True, help="SQLite results store.")
 @click.option("--tag", default=None, help="Free label stored with the run.")
 @click.option("--group", default=None, envvar="ASPIRE_BENCH_GROUP",
               help="Runs measured side by side share a group; speedups over AR are taken within it.")
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
-                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag, group):
+                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
+                store, tag, group):
     """Run a decoder on a task, print a summary and store the run."""
     from .harness.runner import RunConfig, run
     from .harness.tables import print_summary
     cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    repeat=repeat, parity=parity, dtype=dtype, device=device,
+                    repeat=repeat, parity=parity, parity_tolerance=parity_tolerance, dtype=dtype, device=device,
                     attention_backend=attention_backend)
     result = run(cfg, store=store, tag=tag, group=group)
     print_summary([result.record], title=f"{task} on {model}")
@@ -183,8 +186,10 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--limit", default=None, type=int, help="Requests per cell (default: the batch size).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
+@click.option("--parity-tolerance", default=None, type=float,
+              help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, sampling, seed, limit, store, json_out):
+                  max_new_tokens, sampling, seed, limit, store, json_out, parity_tolerance):
     """Decoders side by side on the same requests: tok/s, ratios, acceptance, parity, bandwidth."""
     from rich.console import Console
 
@@ -195,7 +200,8 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sampling") from None
     rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
-                     max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend)
+                     max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend,
+                     parity_tolerance=parity_tolerance)
     Console().print(bench_table(rows, bw))
     if json_out:
         json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,

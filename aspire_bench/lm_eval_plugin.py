@@ -46,15 +46,17 @@ def _as_int(value, name: str) -> int:
 class AspireLM(TemplateLM):
     """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, any
     decoder setting (gamma=4, ...), dtype, device, batch_size, max_length, max_gen_toks, store, parity,
-    tag, seed, attention_backend, add_bos_token."""
+    parity_tolerance, tag, seed, attention_backend, add_bos_token."""
 
     def __init__(self, pretrained: str = "tiny", decoder: str = "ar", dtype: str = "float32", device: str = "cpu",
                  batch_size: int | str = 8, max_length: int | None = None, max_gen_toks: int = 256,
-                 store: str | None = None, parity: bool = False, tag: str | None = None, seed: int = 0,
+                 store: str | None = None, parity: bool = False, parity_tolerance: float | None = None,
+                 tag: str | None = None, seed: int = 0,
                  attention_backend: str = "auto", add_bos_token: bool | None = None, max_batch_size=None,
                  trust_remote_code=None, **decoder_args):
         # max_batch_size / trust_remote_code: lm-eval passes them to every model; they mean nothing here.
         super().__init__()
+        from .harness.parity import check_tolerance
         from .harness.records import new_group_id
         from .harness.runner import load_engine
 
@@ -74,6 +76,9 @@ class AspireLM(TemplateLM):
             raise ConfigError("batch_size must be at least 1")
         self.max_gen_toks = _as_int(max_gen_toks, "max_gen_toks")
         self.store, self.parity, self.tag, self.seed = store, bool(_as_bool(parity)), tag, _as_int(seed, "seed")
+        self.parity_tolerance = check_tolerance(parity_tolerance)
+        if self.parity_tolerance is not None and not self.parity:
+            raise ConfigError("parity_tolerance applies to the parity comparison: add parity=true")
         self.add_bos_token = _as_bool(add_bos_token)
         self.group = new_group_id()  # the runs one lm-eval invocation records share a group
 
@@ -348,7 +353,8 @@ class AspireLM(TemplateLM):
         return texts
 
     def _record(self, instances, reqs, output, texts, params, max_new) -> None:
-        from .harness import metrics, records
+        from .harness import records
+        from .harness.parity import compare_runs, resolve_tolerance
         from .harness.store import Store
         parity = None
         if self.parity:
@@ -356,15 +362,15 @@ class AspireLM(TemplateLM):
                 self._warn_once("parity=true compares greedy outputs: skipped for sampled gen_kwargs")
             else:
                 ar = output if self.decoder_name == "ar" else self._decode(get_decoder("ar"), reqs, params, True)
-                parity = {s.id: metrics.parity(s.output_ids, a.output_ids, a.extra.get("margins", []))
-                          for s, a in zip(output.results, ar.results)}
+                tolerance = resolve_tolerance(self.parity_tolerance, self.engine.dtype)
+                parity = compare_runs(output.results, ar.results, tolerance)
         names = sorted({getattr(i, "task_name", None) or "?" for i in instances})
         config = {
             "model": self.pretrained, "decoder": self.decoder_name, "decoder_args": self.decoder_args,
             "task": "lm-eval:" + ",".join(names), "harness": "lm-eval", "context_len": None,
             "limit": len(reqs), "batch_size": self.batch_size, "max_new_tokens": max_new,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "seed": self.seed,
-            "parity": self.parity, "dtype": self.dtype, "device": self.device_name,
+            "parity": self.parity, "parity_tolerance": self.parity_tolerance, "dtype": self.dtype, "device": self.device_name,
             "attention_backend": self.attention_backend, "max_length": self.max_length,
             "gen_kwargs": instances[0].args[1],
         }

@@ -22,12 +22,11 @@ from aspire_bench.harness.metrics import (
     decode_wall_time,
     draft_acceptance_rate,
     generated_tokens,
-    parity,
     percentile,
     request_latency,
-    summarize_parity,
     summarize_repeats,
 )
+from aspire_bench.harness.parity import compare
 from aspire_bench.textstats import distinct_n
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -120,33 +119,6 @@ def test_draft_acceptance_rate_and_per_position():
     assert acceptance_by_position([]) == []
 
 
-def test_parity_identical_near_tie_mismatch_length():
-    margins = [5.0, 3.0, 0.004, 2.0]
-    same = parity([1, 2, 3], [1, 2, 3], [1.0, 1.0, 1.0])
-    assert same.identical and same.first_divergence is None and same.matched == 3
-    tie = parity([1, 2, 9, 4], [1, 2, 3, 4], margins)
-    assert (tie.kind, tie.first_divergence, tie.margin, tie.matched) == ("near-tie", 2, 0.004, 2)
-    assert not tie.identical
-    bug = parity([1, 2, 9, 4], [1, 2, 3, 4], [5.0, 3.0, 0.5, 2.0])
-    assert (bug.kind, bug.first_divergence, bug.margin) == ("mismatch", 2, 0.5)
-    assert parity([1, 2, 9, 4], [1, 2, 3, 4], margins, near_tie_threshold=0.001).kind == "mismatch"
-    assert parity([1, 2, 9], [1, 2, 3], None).kind == "mismatch"  # no margin recorded: not excused
-    short = parity([1, 2, 3], [1, 2, 3, 4], margins)
-    assert (short.kind, short.first_divergence, short.matched, short.length) == ("length", 3, 3, 4)
-
-
-def test_summarize_parity():
-    items = [parity([1, 2, 3], [1, 2, 3], None),                         # 3 of 3
-             parity([1, 2, 9, 4], [1, 2, 3, 4], [1.0, 1.0, 0.001, 1.0]),  # 2 of 4, near-tie
-             parity([1, 2, 9, 4], [1, 2, 3, 4], [1.0, 1.0, 1.0, 1.0]),    # 2 of 4, mismatch
-             parity([1, 2, 3], [1, 2, 3, 4], None)]                        # 3 of 4, length
-    s = summarize_parity(items)
-    assert s["parity_n"] == 4
-    assert s["parity_identical_pct"] == 25.0
-    assert s["parity_identical_token_pct"] == pytest.approx(100 * 10 / 15)
-    assert (s["parity_near_tie"], s["parity_mismatch"], s["parity_length"]) == (1, 1, 1)
-
-
 def test_distinct_n():
     assert distinct_n([1, 2, 3, 4, 5], 4) == 1.0
     assert distinct_n([1, 1, 1, 1, 1, 1], 4) == pytest.approx(1 / 3)
@@ -157,8 +129,9 @@ def test_distinct_n():
 def test_aggregate_spec_run():
     out = spec_output()
     scores = {"A": 1.0, "B": 0.0}
-    par = {"A": parity([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], None),
-           "B": parity([9] * 7, [9] * 6 + [8], [1.0] * 6 + [0.002])}
+    near_tie_at_6 = {"margins": [1.0] * 6 + [0.002], "runner_up": [0] * 6 + [9], "top_logit": [10.0] * 7}
+    par = {"A": compare([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {}, 1e-3),
+           "B": compare([9] * 7, [9] * 6 + [8], near_tie_at_6, 1e-3)}
     agg = aggregate(out, scores=scores, parity=par)
     assert agg["n_requests"] == 2 and agg["output_tokens"] == 15 and agg["generated_tokens"] == 13
     assert agg["decode_wall_s"] == pytest.approx(0.7)
@@ -197,6 +170,6 @@ def test_aggregate_ar_run_counts_one_token_per_step():
 
 def test_every_aggregate_name_is_documented():
     documented = set(re.findall(r"`([a-z0-9_{}]+)`", DOCS.read_text()))
-    names = set(aggregate(spec_output(), scores={"A": 1.0}, parity={"A": parity([1], [1], None)}))
+    names = set(aggregate(spec_output(), scores={"A": 1.0}, parity={"A": compare([1], [1], {}, 1e-3)}))
     missing = {n for n in names if n not in documented and re.sub(r"\d+$", "{k}", n) not in documented}
     assert not missing, f"not in docs/metrics.md: {sorted(missing)}"

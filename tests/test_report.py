@@ -27,7 +27,7 @@ from aspire_bench.decoders.base import (
     RowTrace,
     StepTrace,
 )
-from aspire_bench.harness.metrics import parity
+from aspire_bench.harness.parity import compare
 from aspire_bench.harness.records import from_output
 from aspire_bench.harness.store import Store
 from aspire_bench.report import write_report
@@ -64,7 +64,10 @@ def make_run(decoder: str, decode_wall: float, *, group: str = "g1", context: st
             ar_ids = list(ids)
             if broken and k == 0:  # diverge at position 3, with the given AR margin
                 ar_ids[3] += 1
-            par[rid] = parity(ids, ar_ids, [0.004 if broken == "near-tie" else 2.5] * N_OUT)
+            # AR's runner-up is the speculative token; threshold 1e-3 x 5.0: 0.004 is a near-tie, 2.5 not
+            ar_record = {"margins": [0.004 if broken == "near-tie" else 2.5] * N_OUT, "runner_up": ids,
+                         "top_logit": [5.0] * N_OUT}
+            par[rid] = compare(ids, ar_ids, ar_record, 1e-3)
     out = GenerationOutput(results, [prefill, decode], t0, t0 + 1.0 + decode_wall,
                            info={"gamma": 4} if spec else {})
     config = {"decoder": {"name": decoder, **({"gamma": 4} if spec else {})}, "model": "tiny",

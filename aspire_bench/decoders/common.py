@@ -29,7 +29,10 @@ class ReqState:
     finish: str | None = None
     t_prefill_start: float = 0.0
     verifications: list[tuple[int, int]] = field(default_factory=list)
-    margins: list[float] = field(default_factory=list)
+    # Greedy only, per sampled token: AR's record for parity (harness/parity.py).
+    margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit
+    runner_up: list[int] = field(default_factory=list)  # the top-2 token
+    top_logit: list[float] = field(default_factory=list)  # the top-1 logit (scales the near-tie threshold)
     extra: dict = field(default_factory=dict)  # decoder telemetry; keys starting "_" are working state
 
     @property
@@ -96,10 +99,13 @@ class BatchedDecoder:
     # --- shared --------------------------------------------------------------------------------
     def sample(self, st: ReqState, logits: torch.Tensor, params: SamplingParams) -> int:
         if params.greedy:
-            top = torch.topk(logits, 2).values if logits.shape[-1] > 1 else logits
-            if top.numel() > 1:
-                st.margins.append(float(top[0] - top[1]))
-            return int(torch.argmax(logits))
+            tok = int(torch.argmax(logits))
+            if logits.shape[-1] > 1:
+                (v1, v2), (i1, i2) = (t.tolist() for t in torch.topk(logits, 2))
+                st.margins.append(v1 - v2)
+                st.runner_up.append(i2 if i2 != tok else i1)  # on an exact tie topk may list tok second
+                st.top_logit.append(v1)
+            return tok
         return sample_from(logits_to_probs(logits, params), st.gen)
 
     @staticmethod
@@ -212,6 +218,8 @@ class BatchedDecoder:
             extra = {k: v for k, v in st.extra.items() if not k.startswith("_")}  # "_x": working state
             if st.margins:
                 extra["margins"] = st.margins[:len(st.out)]
+                extra["runner_up"] = st.runner_up[:len(st.out)]
+                extra["top_logit"] = st.top_logit[:len(st.out)]
             results.append(RequestResult(
                 id=req.id, output_ids=st.out, finish_reason=st.finish, token_times=st.times,
                 t_arrival=t_start, t_prefill_start=st.t_prefill_start, verifications=st.verifications,

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import metrics, records
+from .parity import check_tolerance, compare_runs, resolve_tolerance
+from .parity import summarize as summarize_parity
 from .runner import RunConfig, load_engine, run
 from .store import Store
 
@@ -75,15 +77,12 @@ def bytes_read(rec: records.RunRecord, weight_bytes: int, kv_bytes_per_position:
     return total
 
 
-def add_parity(rec: records.RunRecord, ar: records.RunRecord) -> None:
-    ar_by_id = {r.id: r for r in ar.requests}
-    items = []
+def add_parity(rec: records.RunRecord, ar: records.RunRecord, tolerance: float) -> None:
+    found = compare_runs(rec.requests, ar.requests, tolerance)
     for r in rec.requests:
-        a = ar_by_id[r.id]
-        p = metrics.parity(r.output_ids, a.output_ids, a.extra.get("margins"))
-        r.parity = {**p.__dict__, "identical": p.identical}
-        items.append(p)
-    rec.aggregates.update(metrics.summarize_parity(items))
+        r.parity = {**found[r.id].__dict__, "identical": found[r.id].identical}
+    rec.aggregates.update(summarize_parity(found.values()))
+    rec.aggregates["parity_tolerance"] = tolerance
 
 
 @dataclass
@@ -98,8 +97,10 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           decoders=DECODERS, repeat: int = 3, max_new_tokens: int = 128,
           samplings=(Sampling(*SAMPLINGS["greedy"]),), seed: int = 0, limit: int | None = None, store: str | None = None,
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
-          show_progress: bool = True) -> tuple[list[BenchRow], float]:
+          show_progress: bool = True, parity_tolerance: float | None = None) -> tuple[list[BenchRow], float]:
+    check_tolerance(parity_tolerance)
     engine = load_engine(model, dtype, device, attention_backend)
+    tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
     bandwidth = memory_read_bandwidth()
     c = engine.cfg
@@ -124,14 +125,14 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                     cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or bs,
                                    temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
                     rows += [BenchRow(ctx, bs, smp.name, rec) for rec in
-                             _cell(engine, cell, decoders, store, show_progress, add_bandwidth)]
+                             _cell(engine, cell, decoders, store, show_progress, add_bandwidth, tolerance)]
     finally:
         engine.prefix_cache = None
     return rows, bandwidth
 
 
 def _cell(engine, cell: RunConfig, decoders, store: str | None, show_progress: bool,
-          add_bandwidth) -> list[records.RunRecord]:
+          add_bandwidth, tolerance: float) -> list[records.RunRecord]:
     """Every decoder on one cell's requests, as one group; parity against the cell's AR run under greedy."""
     group = records.new_group_id()
     ar, recs = None, []
@@ -141,7 +142,7 @@ def _cell(engine, cell: RunConfig, decoders, store: str | None, show_progress: b
         if dec == "ar":
             ar = rec
         elif ar is not None and cell.temperature == 0:
-            add_parity(rec, ar)
+            add_parity(rec, ar, tolerance)
         add_bandwidth(rec)
         if store is not None:
             with Store(store) as st:

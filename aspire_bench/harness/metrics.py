@@ -11,11 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aspire_bench.decoders.base import PREFILL, GenerationOutput, RequestResult, StepTrace
+from aspire_bench.harness.parity import Parity
+from aspire_bench.harness.parity import summarize as summarize_parity
 from aspire_bench.textstats import distinct_n
 
-# Absolute top1-top2 logit gap (fp32 logits) under which a greedy divergence counts as benign
-# numerics. See docs/metrics.md#exactness-parity for why 0.01.
-NEAR_TIE_THRESHOLD = 0.01
 # distinct-4 below this flags a request whose output collapsed into repetition.
 COLLAPSE_THRESHOLD = 0.5
 
@@ -126,59 +125,6 @@ def acceptance_by_position(verifications: Sequence[tuple[int, int]]) -> list[flo
         reached = [a for d, a in verifications if d > k]
         rates.append(sum(1 for a in reached if a > k) / len(reached))
     return rates
-
-
-# --- exactness parity -------------------------------------------------------------------------
-
-IDENTICAL, NEAR_TIE, MISMATCH, LENGTH = "identical", "near-tie", "mismatch", "length"
-
-
-@dataclass
-class Parity:
-    kind: str  # IDENTICAL | NEAR_TIE | MISMATCH | LENGTH
-    first_divergence: int | None  # first position where the tokens differ (or the shorter length)
-    margin: float | None  # AR's top1-top2 logit gap at first_divergence, when recorded
-    matched: int  # length of the common prefix
-    length: int  # max(len(spec), len(ar))
-
-    @property
-    def identical(self) -> bool:
-        return self.kind == IDENTICAL
-
-
-def parity(
-    spec_ids: Sequence[int], ar_ids: Sequence[int], ar_margins: Sequence[float] | None,
-    near_tie_threshold: float = NEAR_TIE_THRESHOLD,
-) -> Parity:
-    """Compare a greedy speculative output with the AR output of the same request.
-
-    Only the first divergence matters: after it the two continue from different prefixes.
-    """
-    common = min(len(spec_ids), len(ar_ids))
-    pos = next((i for i in range(common) if spec_ids[i] != ar_ids[i]), None)
-    length = max(len(spec_ids), len(ar_ids))
-    if pos is None:
-        # Equal over the common length: a length difference is a stopping-rule difference, not numerics.
-        kind = IDENTICAL if len(spec_ids) == len(ar_ids) else LENGTH
-        return Parity(kind, None if kind == IDENTICAL else common, None, common, length)
-    margin = ar_margins[pos] if ar_margins is not None and pos < len(ar_margins) else None
-    # An unknown margin cannot excuse a divergence.
-    kind = NEAR_TIE if margin is not None and margin < near_tie_threshold else MISMATCH
-    return Parity(kind, pos, margin, pos, length)
-
-
-def summarize_parity(items: Iterable[Parity]) -> dict[str, float | int | None]:
-    items = list(items)
-    length = sum(p.length for p in items)
-    counts = {k: sum(1 for p in items if p.kind == k) for k in (IDENTICAL, NEAR_TIE, MISMATCH, LENGTH)}
-    return {
-        "parity_n": len(items),
-        "parity_identical_pct": 100.0 * counts[IDENTICAL] / len(items) if items else None,
-        "parity_identical_token_pct": 100.0 * sum(p.matched for p in items) / length if length else None,
-        "parity_near_tie": counts[NEAR_TIE],
-        "parity_mismatch": counts[MISMATCH],
-        "parity_length": counts[LENGTH],
-    }
 
 
 # --- per request and per run ------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import aspire_bench
 from aspire_bench.decoders.base import GenerationOutput
 from aspire_bench.harness import metrics
-from aspire_bench.harness.metrics import Parity
+from aspire_bench.harness.parity import Parity
 
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.

@@ -14,6 +14,7 @@ from ..tasks import get_task
 from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
+from .parity import check_tolerance, compare_runs, resolve_tolerance
 from .store import Store
 
 
@@ -34,6 +35,8 @@ class RunConfig:
     seed: int = 0
     repeat: int = 1
     parity: bool = False
+    # Relative near-tie tolerance for parity (harness/parity.py); None = the dtype's default.
+    parity_tolerance: float | None = None
     dtype: str = "float32"
     device: str = "cpu"
     attention_backend: str = "auto"
@@ -107,6 +110,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         setattr(cfg, k, v)
     if cfg.repeat < 1:
         raise ConfigError("--repeat must be at least 1")
+    if check_tolerance(cfg.parity_tolerance) is not None and not cfg.parity:
+        raise ConfigError("--parity-tolerance applies to the parity comparison: add --parity")
     probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
     if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it
         engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
@@ -143,8 +148,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         if ar is None:
             ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
                                                                "parity (ar)", show_progress)
-        parity = {s.id: metrics.parity(s.output_ids, a.output_ids, a.extra.get("margins", []))
-                  for s, a in zip(output.results, ar.results)}
+        tolerance = resolve_tolerance(cfg.parity_tolerance, engine.dtype)
+        parity = compare_runs(output.results, ar.results, tolerance)
     tok = engine.tokenizer
     texts = {r.id: tok.decode(r.output_ids, skip_special_tokens=True) for r in output.results}
     scores = {s.id: task.score(s, texts[s.id]) for s in samples}
@@ -154,6 +159,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
                                  sweep=sweep, tag=tag, group=group)
     record.aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
     record.aggregates["repeats"] = cfg.repeat
+    if parity is not None:
+        record.aggregates["parity_tolerance"] = tolerance
     record.env["attention_backend"] = engine.backend.name
     run_id = None
     if store is not None:

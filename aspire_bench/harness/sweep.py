@@ -13,12 +13,13 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from . import records
+from .parity import check_tolerance
 from .records import RunRecord
 from .runner import RunConfig, run
 from .store import Store
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
-            "limit", "repeats", "parity", "warmup", "prefix_cache", "dtype", "device", "attention_backend",
+            "limit", "repeats", "parity", "parity_tolerance", "warmup", "prefix_cache", "dtype", "device", "attention_backend",
             "max_retries", "ray"}
 MODEL_KEYS = {"path", "dtype", "device", "attention_backend"}
 DECODER_KEYS = {"name", "args"}
@@ -85,12 +86,15 @@ def expand(spec: dict, default_name: str = "sweep") -> Sweep:
     base = {"dtype": spec.get("dtype", "float32"), "device": spec.get("device", "cpu"),
             "attention_backend": spec.get("attention_backend", "auto"), "repeat": int(spec.get("repeats", 1)),
             "parity": bool(spec.get("parity", False)), "warmup": bool(spec.get("warmup", True)),
-            "prefix_cache": bool(spec.get("prefix_cache", False))}
+            "prefix_cache": bool(spec.get("prefix_cache", False)),
+            "parity_tolerance": check_tolerance(spec.get("parity_tolerance"))}
     models = [_model(m) for m in _as_list(spec["models"])]
     decoders = [_decoder(d) for d in _as_list(spec["decoders"])]
     tasks = [_task(t, spec) for t in _as_list(spec["tasks"])]
     batch_sizes = [int(b) for b in _as_list(spec.get("batch_sizes", 8))]
     samplings = [_sampling(s) for s in _as_list(spec.get("sampling") or {})]
+    if base["parity_tolerance"] is not None and not base["parity"]:
+        raise ConfigError("`parity_tolerance` applies to the parity comparison: add `parity: true`")
     if base["parity"] and any(s["temperature"] != 0 for s in samplings):
         raise ConfigError("parity compares greedy outputs token for token: set `parity: false` or use "
                           "only `temperature: 0` sampling")

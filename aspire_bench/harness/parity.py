@@ -1,0 +1,117 @@
+"""Exactness parity: a greedy speculative output against the AR output of the same request.
+
+The one parity function of the suite (run, bench, sweep and the lm-eval model all call `compare_runs`).
+Definitions and the choice of default tolerances: docs/metrics.md#exactness-parity.
+
+Why AR's own record is the teacher-forced reference: up to the first divergence j the two outputs are
+equal, so AR's logits at j were computed on exactly the speculative output's prefix (prompt + the j
+shared tokens). AR records, per position, its top-1 logit, its runner-up token and the top-1/top-2
+margin (decoders/common.py), which is all the classification needs: no extra forward pass.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+IDENTICAL, NEAR_TIE, MISMATCH, LENGTH = "identical", "near-tie", "mismatch", "length"
+
+# Default tolerance per logits dtype, relative to max(1, |AR's top-1 logit|): a divergence is a near-tie
+# only when AR's margin is below tolerance x that scale. fp32: equivalent kernels differ by ~1e-6 relative
+# on the bundled model (measured), ~1e-5 on GPUs; 1e-4 leaves 10x headroom. bf16 logits are rounded to 8
+# significant bits (steps of 1/256 to 1/128 of the magnitude), so two equivalent kernels can differ by a
+# few steps: 2^-6 = 2 to 4 steps. fp16 (11 bits): likewise 2^-9.
+DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 2.0 ** -6, "float16": 2.0 ** -9}
+
+
+@dataclass
+class Parity:
+    kind: str  # IDENTICAL | NEAR_TIE | MISMATCH | LENGTH
+    first_divergence: int | None  # first position where the tokens differ (or the shorter length)
+    margin: float | None  # AR's top1-top2 logit gap at first_divergence, when recorded
+    matched: int  # length of the common prefix
+    length: int  # max(len(spec), len(ar))
+    threshold: float | None = None  # the near-tie threshold at first_divergence (tolerance x logit scale)
+    runner_up: bool | None = None  # whether the speculative token at first_divergence was AR's runner-up
+
+    @property
+    def identical(self) -> bool:
+        return self.kind == IDENTICAL
+
+
+def default_tolerance(dtype) -> float:
+    """The default relative tolerance for logits computed in `dtype` (a torch dtype or its name)."""
+    name = str(dtype).replace("torch.", "")
+    if name not in DEFAULT_TOLERANCE:
+        raise ConfigError(f"no default parity tolerance for dtype {name!r}: pass --parity-tolerance")
+    return DEFAULT_TOLERANCE[name]
+
+
+def check_tolerance(tolerance) -> float | None:
+    """A user's tolerance as a float (None stays None: the dtype's default); bad values raise ConfigError."""
+    if tolerance is None:
+        return None
+    try:
+        tol = float(tolerance)
+    except (TypeError, ValueError):
+        raise ConfigError(f"parity tolerance {tolerance!r} is not a number: pass e.g. 1e-4") from None
+    if not math.isfinite(tol) or tol < 0:
+        raise ConfigError(f"parity tolerance {tolerance!r} must be a finite number >= 0: pass e.g. 1e-4")
+    return tol
+
+
+def resolve_tolerance(tolerance, dtype) -> float:
+    """`tolerance` checked, or the default for logits computed in `dtype` when None."""
+    tol = check_tolerance(tolerance)
+    return default_tolerance(dtype) if tol is None else tol
+
+
+def _at(values: Sequence | None, pos: int):
+    return values[pos] if values is not None and pos < len(values) else None
+
+
+def compare(spec_ids: Sequence[int], ar_ids: Sequence[int], ar_extra: Mapping, tolerance: float) -> Parity:
+    """Classify one request. `ar_extra` is AR's `RequestResult.extra`: per output position its
+    `margins` (top-1 minus top-2 logit), `runner_up` (the top-2 token) and `top_logit`.
+
+    Only the first divergence matters: after it the two continue from different prefixes. It is a
+    near-tie only when the speculative token is AR's runner-up and AR's margin is under
+    tolerance x max(1, |top-1 logit|); anything unknown (no record) cannot excuse a divergence.
+    """
+    common = min(len(spec_ids), len(ar_ids))
+    pos = next((i for i in range(common) if spec_ids[i] != ar_ids[i]), None)
+    length = max(len(spec_ids), len(ar_ids))
+    if pos is None:
+        # Equal over the common length: a length difference is a stopping-rule difference, not numerics.
+        kind = IDENTICAL if len(spec_ids) == len(ar_ids) else LENGTH
+        return Parity(kind, None if kind == IDENTICAL else common, None, common, length)
+    margin = _at(ar_extra.get("margins"), pos)
+    second = _at(ar_extra.get("runner_up"), pos)
+    top = _at(ar_extra.get("top_logit"), pos)
+    threshold = tolerance * max(1.0, abs(top)) if top is not None else None
+    runner_up = None if second is None else int(spec_ids[pos]) == int(second)
+    tie = runner_up and margin is not None and threshold is not None and margin <= threshold
+    return Parity(NEAR_TIE if tie else MISMATCH, pos, margin, pos, length, threshold, runner_up)
+
+
+def compare_runs(spec: Iterable, ar: Iterable, tolerance: float) -> dict[str, Parity]:
+    """{request id: Parity} for two runs of the same requests. Items are RequestResults or stored
+    RequestRows (anything with `id`, `output_ids` and `extra`); AR's are matched by id."""
+    by_id = {a.id: a for a in ar}
+    return {s.id: compare(s.output_ids, by_id[s.id].output_ids, by_id[s.id].extra, tolerance) for s in spec}
+
+
+def summarize(items: Iterable[Parity]) -> dict[str, float | int | None]:
+    items = list(items)
+    length = sum(p.length for p in items)
+    counts = {k: sum(1 for p in items if p.kind == k) for k in (IDENTICAL, NEAR_TIE, MISMATCH, LENGTH)}
+    return {
+        "parity_n": len(items),
+        "parity_identical_pct": 100.0 * counts[IDENTICAL] / len(items) if items else None,
+        "parity_identical_token_pct": 100.0 * sum(p.matched for p in items) / length if length else None,
+        "parity_near_tie": counts[NEAR_TIE],
+        "parity_mismatch": counts[MISMATCH],
+        "parity_length": counts[LENGTH],
+    }
