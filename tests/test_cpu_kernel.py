@@ -60,6 +60,45 @@ def test_long_rows_span_many_blocks():
     assert rel_err(out, ref) <= RTOL, f"seed {seed}"
 
 
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2), (3, 1), (8, 2)])
+def test_every_query_count_in_one_call(hq, hkv):
+    # Verify rows of 1..17 tokens (G x n queries per KV head, odd counts included: the kernel takes
+    # them in groups of 4 and one group of the rest), full and sparse, beside decode rows, with key
+    # counts around the 64-key block and page-run edges (prefixes that end inside a page).
+    seed = SEED + 31 * hq + hkv
+    rng = random.Random(seed)
+    specs = []
+    for n in range(1, 18):
+        specs.append((n, rng.choice([0, 1, 15, 16, 17, 63, 64, 65]) + rng.randrange(0, 300), None))
+        specs.append((n, rng.randrange(1, 400), rng.choice([0.2, 0.5, 1.0])))
+    specs += [(1, 5, None), (1, 129, 0.4)]
+    q, k, v, rows = make_batch(specs, hq, hkv, 32, torch.float32, seed=seed)
+    (ref, _), (out, _) = run_both(q, k, v, rows, 32)
+    assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_split_into_chunks_merge_exactly(threads):
+    # Few long rows: the kernel splits each (row, KV head) into key chunks, one work item each, and
+    # merges their partial softmaxes (with Hkv = 1: 2 chunks of the first row at 1 thread, 7 at 3).
+    # Captured scores come from every chunk and the merged log-sum-exp.
+    seed = SEED + 11 * threads
+    q, k, v, rows = make_batch([(1, 8000, None), (6, 5000, None), (2, 40, 0.5)], 4, 1, 32, torch.float32,
+                               seed=seed)
+    capture_at_layer0(rows[0], (0,), PAGE_MAX_SUM)
+    capture_at_layer0(rows[1], (0, 3, -1), TOKEN_MEAN)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, 32)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+    assert sorted(caps) == [0, 1]
+    for i in (0, 1):
+        assert rel_err(caps[i], ref_caps[i]) <= 1e-5, f"seed {seed}, row {i}"
+
+
 @pytest.mark.parametrize("hq,hkv,reduce,queries,page_size", [
     (4, 4, PAGE_MAX_SUM, (0, -1), 16), (8, 2, TOKEN_MEAN, (0, 16), 16), (8, 1, PAGE_MAX_SUM, (3,), 12),
     (8, 2, PAGE_MAX_SUM, (0, 5, 16, 16), 5), (4, 1, TOKEN_MEAN, (0,), 16), (4, 2, PAGE_MAX_SUM, (0,), 16)])
