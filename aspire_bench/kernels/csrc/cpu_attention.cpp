@@ -2,9 +2,11 @@
 //
 // Why: the torch path runs ~15 small ops per row and layer (gather, two small-m GEMMs, softmax),
 // whose per-op dispatch dominates short sparse rows and does not use a second core. Here each
-// (row, KV head) is one work item of an OpenMP loop; it reads each key and value once, in place in
-// the pool (full view) or through the row's pool indices (sparse view, no gather copy), for all the
-// query heads of its group and all the row's tokens at once, with an online softmax in base 2.
+// (row, KV head), or a chunk of its keys when there are too few pairs for the threads, is one work
+// item of an OpenMP loop; it reads each key and value once, in place in the pool (full view) or
+// through the row's pool indices (sparse view, no gather copy), for all the query heads of its group
+// and all the row's tokens at once, with an online softmax in base 2, prefetching ahead so the KV
+// stream overlaps the arithmetic. The chunks of a row merge by their log-sum-exp.
 //
 // Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
 // k, v [Hkv, cap, D] (one layer of the pool);
