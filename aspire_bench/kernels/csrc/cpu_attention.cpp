@@ -117,7 +117,7 @@ struct State {
 };
 
 // Queries q0..q0+QB-1 over the current block: scores, masked online softmax, P·V. While V streams
-// through the P·V loop, it prefetches its share (every groups-th row) of the block PF_DIST ahead, so
+// through the P·V loop, it prefetches its share (every groups-th row) of the next block, so
 // the next loads are in flight during the arithmetic instead of after it.
 template <int ND, int QB>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
@@ -189,8 +189,6 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
     for (int64_t c = 0; c < nd; ++c) store(st.acc + (q0 + u) * D + c * VL, av[u][c]);
 }
 
-constexpr int64_t PF_DIST = 2;  // blocks ahead: 2 x 64 keys, far enough to cover DRAM latency
-
 // Queries in groups of QMAX (4 where the accumulators fit in registers), the rest in one group of
 // exactly the remaining count: no query is padded.
 template <int ND>
@@ -217,19 +215,13 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       krow[jj] = it.kh + pos * D;
       st.vrow[jj] = it.vh + pos * D;
     }
-    const int64_t pf_begin = j0 + PF_DIST * BK, pf_end = pf_begin + BK < j_end ? pf_begin + BK : j_end;
+    // the next block (prefetched further ahead, lines fall out of L1 before they are used)
+    const int64_t pf_begin = j0 + BK, pf_end = pf_begin + BK < j_end ? pf_begin + BK : j_end;
     st.npf = pf_end > pf_begin ? pf_end - pf_begin : 0;
     for (int64_t r = 0; r < st.npf; ++r) {
       const int64_t pos = it.pos(pf_begin + r);
       st.pf[2 * r] = it.kh + pos * D;
       st.pf[2 * r + 1] = it.vh + pos * D;
-    }
-    if (j0 == j_begin) {  // the first blocks have no earlier block to prefetch them
-      for (int64_t j = j0 + BK; j < pf_begin && j < j_end; ++j)
-        for (int64_t c = 0; c < D; c += 16) {
-          __builtin_prefetch(it.kh + it.pos(j) * D + c);
-          __builtin_prefetch(it.vh + it.pos(j) * D + c);
-        }
     }
     // K block transposed to [D][BK] (16x16 tiles through registers), so scores vectorise over keys
     for (int kb = 0; kb < NB; ++kb)
