@@ -116,8 +116,8 @@ struct State {
   int64_t npf, groups;
 };
 
-// Queries q0..q0+QB-1 over the current block: scores, masked online softmax, P·V. While V streams
-// through the P·V loop, it prefetches its share (every groups-th row) of the next block, so
+// Queries q0..q0+QB-1 over the current block: scores, masked online softmax, P·V. It prefetches its
+// share (every groups-th row) of the next block, K rows during the scores and V rows during P·V, so
 // the next loads are in flight during the arithmetic instead of after it.
 template <int ND, int QB>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
@@ -126,7 +126,14 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   vf iota;
   for (int j = 0; j < VL; ++j) iota[j] = static_cast<float>(j);
   vf s[QB][NB] = {};
+  // K rows, needed first (by the next block's transposition), during the scores
+  const int64_t kper = (st.npf + st.groups * D - 1) / (st.groups * D);
   for (int64_t e = 0; e < D; ++e) {
+    for (int64_t t = 0; t < kper; ++t) {
+      const int64_t r = (e * kper + t) * st.groups + gidx;
+      if (r < st.npf)
+        for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
+    }
     vf kv[NB];
     for (int b = 0; b < NB; ++b) kv[b] = load(st.kt + e * BK + b * VL);
     for (int u = 0; u < QB; ++u) {
@@ -174,11 +181,8 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
     }
   for (int64_t jj = 0; jj < vis_max; ++jj) {
     const int64_t r = jj * st.groups + gidx;
-    if (r < st.npf)
-      for (int64_t c = 0; c < D; c += 16) {  // one prefetch per 64-byte line
-        __builtin_prefetch(st.pf[2 * r] + c);
-        __builtin_prefetch(st.pf[2 * r + 1] + c);
-      }
+    if (r < st.npf)  // V rows, used last, during P·V
+      for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // one per 64-byte line
     const float* vr = st.vrow[jj];
     for (int64_t c = 0; c < nd; ++c) {
       const vf vv = load(vr + c * VL);
