@@ -280,7 +280,7 @@ def test_load_failure_is_a_clear_error_and_auto_warns_once(cache, monkeypatch):
     def broken(path):
         raise OSError(f"{path}: invalid ELF header")
     monkeypatch.setattr(cpu_attention, "_open", broken)
-    with pytest.raises(KernelBuildError, match="does not load .*invalid ELF header.*--attention-backend torch"):
+    with pytest.raises(KernelBuildError, match="could not be built and loaded .*invalid ELF header.*--attention-backend torch"):
         get_backend("cpu", "cpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

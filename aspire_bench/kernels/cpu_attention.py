@@ -186,7 +186,7 @@ def load_library() -> ctypes.CDLL:
                 try:
                     _lib = _open(_build(cxx, kernels, force=True))
                 except (OSError, AttributeError) as e:
-                    raise KernelBuildError(f"the CPU attention kernel was built but does not load ({e}): "
+                    raise KernelBuildError(f"the CPU attention kernel could not be built and loaded ({e}): "
                                            "use --attention-backend torch") from e
             finally:
                 if one_run:  # the loaded library stays mapped after its file is gone
