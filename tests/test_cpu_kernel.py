@@ -7,9 +7,12 @@ captured scores with both reductions, odd page sizes and repeated query indices.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 import shutil
 import warnings
+from pathlib import Path
 
 import kernel_cases
 import pytest
@@ -55,6 +58,45 @@ def test_long_rows_span_many_blocks():
                                seed=seed)
     (ref, _), (out, _) = run_both(q, k, v, rows, 32)
     assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2), (3, 1), (8, 2)])
+def test_every_query_count_in_one_call(hq, hkv):
+    # Verify rows of 1..17 tokens (G x n queries per KV head, odd counts included: the kernel takes
+    # them in groups of 4 and one group of the rest), full and sparse, beside decode rows, with key
+    # counts around the 64-key block and page-run edges (prefixes that end inside a page).
+    seed = SEED + 31 * hq + hkv
+    rng = random.Random(seed)
+    specs = []
+    for n in range(1, 18):
+        specs.append((n, rng.choice([0, 1, 15, 16, 17, 63, 64, 65]) + rng.randrange(0, 300), None))
+        specs.append((n, rng.randrange(1, 400), rng.choice([0.2, 0.5, 1.0])))
+    specs += [(1, 5, None), (1, 129, 0.4)]
+    q, k, v, rows = make_batch(specs, hq, hkv, 32, torch.float32, seed=seed)
+    (ref, _), (out, _) = run_both(q, k, v, rows, 32)
+    assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_split_into_chunks_merge_exactly(threads):
+    # Few long rows: the kernel splits each (row, KV head) into key chunks, one work item each, and
+    # merges their partial softmaxes (with Hkv = 1: 2 chunks of the first row at 1 thread, 7 at 3).
+    # Captured scores come from every chunk and the merged log-sum-exp.
+    seed = SEED + 11 * threads
+    q, k, v, rows = make_batch([(1, 8000, None), (6, 5000, None), (2, 40, 0.5)], 4, 1, 32, torch.float32,
+                               seed=seed)
+    capture_at_layer0(rows[0], (0,), PAGE_MAX_SUM)
+    capture_at_layer0(rows[1], (0, 3, -1), TOKEN_MEAN)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        (ref, ref_caps), (out, caps) = run_both(q, k, v, rows, 32)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+    assert sorted(caps) == [0, 1]
+    for i in (0, 1):
+        assert rel_err(caps[i], ref_caps[i]) <= 1e-5, f"seed {seed}, row {i}"
 
 
 @pytest.mark.parametrize("hq,hkv,reduce,queries,page_size", [
@@ -127,11 +169,120 @@ def test_auto_falls_back_to_torch_when_the_kernel_does_not_build(broken_compiler
     assert any("falling back to the torch attention backend" in str(w.message) for w in caught)
 
 
-def test_cached_library_is_reused(monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory):
+    """One library built for the cache tests, copied into each test's fresh cache."""
+    kernels = tmp_path_factory.mktemp("built") / "kernels"
+    kernels.mkdir(mode=0o700)
+    lib = cpu_attention._build(cpu_attention._compiler(), kernels)
+    return lib, lib.with_name(lib.name + ".sha256")
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path, built_library):
+    """A private kernel cache holding the built library and its sidecar; no library loaded yet."""
     monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_attention, "_lib", None)
-    first = cpu_attention._build(cpu_attention._compiler())
-    assert first.exists() and first.parent == tmp_path / "kernels"
-    assert list(first.parent.iterdir()) == [first]  # no temporary left behind
-    mtime = first.stat().st_mtime_ns
-    assert cpu_attention._build(cpu_attention._compiler()) == first and first.stat().st_mtime_ns == mtime
+    kernels = tmp_path / "kernels"
+    kernels.mkdir(mode=0o700)
+    for f in built_library:
+        shutil.copy2(f, kernels / f.name)
+    return kernels / built_library[0].name
+
+
+def loaded_path(lib) -> Path:
+    return Path(lib._name)
+
+
+def assert_kernel_works(seed=SEED):
+    q, k, v, rows = make_batch([(1, 70, None), (4, 90, 0.5)], 4, 2, 32, torch.float32, seed=seed)
+    (ref, _), (out, _) = run_both(q, k, v, rows, 32)
+    assert rel_err(out, ref) <= RTOL, f"seed {seed}"
+
+
+def test_cached_library_is_reused(cache):
+    mtime = cache.stat().st_mtime_ns
+    assert cpu_attention._build(cpu_attention._compiler()) == cache and cache.stat().st_mtime_ns == mtime
+    assert loaded_path(cpu_attention.load_library()) == cache
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".sha256"]  # no temporaries
+
+
+def test_fresh_cache_is_private_and_records_the_hash(monkeypatch, tmp_path):
+    monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(tmp_path / "new"))
+    monkeypatch.setattr(cpu_attention, "_lib", None)
+    lib = loaded_path(cpu_attention.load_library())
+    assert lib.parent == tmp_path / "new" / "kernels"
+    assert lib.parent.stat().st_mode & 0o077 == 0
+    assert lib.with_name(lib.name + ".sha256").read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert_kernel_works()
+
+
+@pytest.mark.parametrize("edit", ["append", "flip", "no_sidecar", "bad_sidecar"])
+def test_tampered_library_is_rebuilt(cache, edit):
+    side = cache.with_name(cache.name + ".sha256")
+    data = cache.read_bytes()
+    if edit == "append":
+        cache.write_bytes(data + b"\0")
+    elif edit == "flip":
+        cache.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
+    elif edit == "no_sidecar":
+        side.unlink()
+    else:
+        side.write_text("0" * 64 + "\n")
+    tampered, mtime = cache.read_bytes(), cache.stat().st_mtime_ns
+    assert loaded_path(cpu_attention.load_library()) == cache
+    assert cache.read_bytes() != tampered or edit in ("no_sidecar", "bad_sidecar")
+    assert cache.stat().st_mtime_ns > mtime  # rebuilt, not just accepted
+    assert side.read_text().strip() == hashlib.sha256(cache.read_bytes()).hexdigest()
+    assert_kernel_works()
+
+
+def test_corrupt_library_with_matching_hash_is_rebuilt(cache):
+    # A library whose recorded hash matches but that does not load (e.g. written corrupt at build
+    # time) is rebuilt once instead of raising OSError on every run.
+    cache.write_bytes(b"not an ELF file")
+    cache.with_name(cache.name + ".sha256").write_text(hashlib.sha256(b"not an ELF file").hexdigest())
+    assert loaded_path(cpu_attention.load_library()) == cache
+    assert cache.read_bytes().startswith(b"\x7fELF")
+    assert_kernel_works()
+
+
+def planted(cache) -> Path:
+    """Replace the cached library by one that must never be loaded (its sidecar matches it)."""
+    cache.write_bytes(b"planted")
+    cache.with_name(cache.name + ".sha256").write_text(hashlib.sha256(b"planted").hexdigest())
+    return cache
+
+
+@pytest.mark.parametrize("how", ["group_writable_dir", "world_writable_dir", "other_owner", "writable_file"])
+def test_untrusted_cache_is_not_used(cache, monkeypatch, how):
+    planted(cache)
+    if how == "group_writable_dir":
+        cache.parent.chmod(0o770)
+    elif how == "world_writable_dir":
+        cache.parent.chmod(0o707)
+    elif how == "other_owner":
+        monkeypatch.setattr(cpu_attention, "_uid", lambda: os.getuid() + 1)
+    else:
+        cache.chmod(0o666)
+    if how == "writable_file":  # a trusted directory: the file is rebuilt in place
+        lib = loaded_path(cpu_attention.load_library())
+        assert lib == cache and cache.read_bytes() != b"planted" and cache.stat().st_mode & 0o022 == 0
+    else:  # built and loaded from a private temporary directory, the cache left as it was
+        with pytest.warns(UserWarning, match="not used; the CPU kernel is built in a private temporary"):
+            lib = loaded_path(cpu_attention.load_library())
+        assert lib.parent != cache.parent and not lib.exists()
+        assert cache.read_bytes() == b"planted"
+    assert_kernel_works()
+
+
+def test_load_failure_is_a_clear_error_and_auto_warns_once(cache, monkeypatch):
+    def broken(path):
+        raise OSError(f"{path}: invalid ELF header")
+    monkeypatch.setattr(cpu_attention, "_open", broken)
+    with pytest.raises(KernelBuildError, match="could not be built and loaded .*invalid ELF header.*--attention-backend torch"):
+        get_backend("cpu", "cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert get_backend("auto", "cpu").name == "torch"
+    assert len(caught) == 1 and "falling back to the torch attention backend" in str(caught[0].message)

@@ -10,7 +10,9 @@ It covers fp32 with a head dim that is a multiple of 16 up to 256 (every Llama/Q
 
 The kernel is built on first use with the system C++ compiler (`$CXX`, else `g++`/`c++`/`clang++`)
 into a per-machine cache (`$ASPIRE_BENCH_CACHE`, else `$XDG_CACHE_HOME/aspire-bench`, else
-`~/.cache/aspire-bench`) and loaded with ctypes: no torch headers, a few seconds to build. Rows it
+`~/.cache/aspire-bench`) and loaded with ctypes: no torch headers, a few seconds to build. A cached
+library is loaded only from a directory and file owned by this user that nobody else can write, and only
+if its content hash is the one recorded when it was built; otherwise it is rebuilt. Rows it
 does not cover go to the torch reference: prefill chunks (many queries: SDPA is better there), and
 everything in other dtypes or head dims.
 """
@@ -21,9 +23,11 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,40 +73,124 @@ def _machine_key() -> str:
     return platform.machine() + flags
 
 
-def _build(cxx: str) -> Path:
+def _uid() -> int:
+    return os.getuid()
+
+
+def _untrusted(path: Path, want_dir: bool) -> str | None:
+    """Why `path` may not be trusted (None when it may): it must be a real directory or regular file,
+    owned by this user and not group- or world-writable, so that nobody else can plant code in it."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
+        return "is not a directory" if want_dir else "is not a regular file"
+    if st.st_uid != _uid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {_uid()})"
+    if st.st_mode & 0o022:
+        return "is group- or world-writable"
+    return None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(out: Path) -> bool:
+    """The cached library may be loaded: it and its sidecar are trusted files and the library's content
+    hash is the one recorded when it was built."""
+    side = out.with_name(out.name + ".sha256")
+    if _untrusted(out, False) or _untrusted(side, False):
+        return False
+    try:
+        return side.read_text().strip() == _digest(out)
+    except OSError:
+        return False
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _private_cache() -> tuple[Path, bool]:
+    """(the directory to build in, whether it is a one-run temporary): the cache's kernels directory,
+    created private (0700) when missing. An existing one that another user could write to is not used:
+    the library is built in a fresh private temporary directory instead."""
+    kernels = cache_dir() / "kernels"
+    try:
+        kernels.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        kernels.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        pass  # reported below as untrusted
+    reason = _untrusted(kernels, True)
+    if reason is None:
+        return kernels, False
+    warnings.warn(f"kernel cache {kernels} {reason}: not used; the CPU kernel is built in a private temporary "
+                  f"directory for this run (make the directory yours with mode 700, or set $ASPIRE_BENCH_CACHE "
+                  f"to a private directory)", stacklevel=4)
+    return Path(tempfile.mkdtemp(prefix="aspire-bench-kernels-")), True  # 0700 and ours
+
+
+def _build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
+    """The path of a trusted, verified library for this source, compiler and CPU: the cached one, else a
+    fresh build (library renamed into place, then its content hash recorded in a sidecar, both atomic)."""
+    kernels = kernels or _private_cache()[0]
     source = SOURCE.read_bytes()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     errors = []
     for flags in _FLAG_SETS:
         cmd_flags = [*flags, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
         key = hashlib.sha256(source + repr((cmd_flags, version, _machine_key())).encode()).hexdigest()[:16]
-        out = cache_dir() / "kernels" / f"cpu_attention_{key}.so"
-        if out.exists():
+        out = kernels / f"cpu_attention_{key}.so"
+        if not force and _verified(out):
             return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=kernels) as tmp:
             tmp_so = Path(tmp) / out.name
             res = subprocess.run([cxx, *cmd_flags, str(SOURCE), "-o", str(tmp_so)], capture_output=True,
                                  text=True, check=False)
             if res.returncode == 0:
+                os.chmod(tmp_so, 0o755)
+                digest = _digest(tmp_so)
                 os.replace(tmp_so, out)  # atomic: a concurrent run never loads a half-written library
+                _write_atomic(out.with_name(out.name + ".sha256"), digest + "\n")
                 return out
             errors.append(res.stderr.strip()[-2000:])
     raise KernelBuildError(f"could not compile the CPU attention kernel with {cxx} (GCC >= 12 or Clang "
                            f"needed):\n{errors[-1]}\nuse --attention-backend torch")
 
 
+def _open(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.aspire_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
+    lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
+    lib.aspire_attention.restype = lib.aspire_reduce_scores.restype = ctypes.c_int
+    return lib
+
+
 def load_library() -> ctypes.CDLL:
-    """Build (once per machine and source version) and load the kernel library."""
+    """Build (once per machine and source version) and load the kernel library. A library that fails
+    to load (corrupt, or missing a symbol) is rebuilt once; if that fails too, a KernelBuildError."""
     global _lib
     with _lock:
         if _lib is None:
-            lib = ctypes.CDLL(str(_build(_compiler())))
-            p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-            lib.aspire_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
-            lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-            lib.aspire_attention.restype = lib.aspire_reduce_scores.restype = ctypes.c_int
-            _lib = lib
+            cxx = _compiler()
+            kernels, one_run = _private_cache()
+            try:
+                _lib = _open(_build(cxx, kernels))
+            except (OSError, AttributeError):
+                try:
+                    _lib = _open(_build(cxx, kernels, force=True))
+                except (OSError, AttributeError) as e:
+                    raise KernelBuildError(f"the CPU attention kernel could not be built and loaded ({e}): "
+                                           "use --attention-backend torch") from e
+            finally:
+                if one_run:  # the loaded library stays mapped after its file is gone
+                    shutil.rmtree(kernels, ignore_errors=True)
     return _lib
 
 

@@ -2,9 +2,11 @@
 //
 // Why: the torch path runs ~15 small ops per row and layer (gather, two small-m GEMMs, softmax),
 // whose per-op dispatch dominates short sparse rows and does not use a second core. Here each
-// (row, KV head) is one work item of an OpenMP loop; it reads each key and value once, in place in
-// the pool (full view) or through the row's pool indices (sparse view, no gather copy), for all the
-// query heads of its group and all the row's tokens at once, with an online softmax in base 2.
+// (row, KV head), or a chunk of its keys when there are too few pairs for the threads, is one work
+// item of an OpenMP loop; it reads each key and value once, in place in the pool (full view) or
+// through the row's pool indices (sparse view, no gather copy), for all the query heads of its group
+// and all the row's tokens at once, with an online softmax in base 2, prefetching ahead so the KV
+// stream overlaps the arithmetic. The chunks of a row merge by their log-sum-exp.
 //
 // Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
 // k, v [Hkv, cap, D] (one layer of the pool);
@@ -92,136 +94,193 @@ inline vf exp2_neg(vf x) {
   return dead ? splat(0.f) : p * scale;
 }
 
-// One (row, KV head): ND = head_dim / 16 vectors, at compile time for the common sizes (the
-// accumulators then live in registers), ND == 0 for any other multiple of 16; QB queries are
-// processed together.
-template <int ND, int QB>
-void attend_item(const float* q, const float* k, const float* v, float* out, float* lse, float* sbuf,
-                 const int64_t* row, const int64_t* idx, int64_t hq, int64_t g, int64_t kvh, int64_t cap,
-                 int64_t d, float scale) {
-  const int64_t nd = ND > 0 ? ND : d / VL;
-  const int64_t D = nd * VL;
-  const int64_t q_start = row[0], n = row[1], base = row[2], start = row[3];
-  const int64_t idx_off = row[4], idx_len = row[5], cap_mask = row[6], cap_base = row[7];
-  const bool sparse = idx_len >= 0;
-  const int64_t L = sparse ? idx_len : start + n;
-  const int64_t nq = g * n;  // query vectors of this item: qi = gi * n + i (head kvh*g+gi, token i)
-  const int64_t nqp = (nq + QB - 1) / QB * QB;  // padded with zero queries, computed and dropped
-  const float* kh = k + kvh * cap * D;
-  const float* vh = v + kvh * cap * D;
+// One work item: a chunk [j_begin, j_end) of one (row, KV head)'s keys for all its queries.
+struct Item {
+  const float* q;
+  const float* kh;  // this KV head's keys and values in the pool
+  const float* vh;
+  float* sbuf;
+  const int64_t* idx;
+  int64_t q_start, n, base, idx_off, cap_mask, cap_base, L, nq, hq, g, kvh, D;
+  bool sparse;
+  int64_t pos(int64_t j) const { return sparse ? idx[idx_off + j] : base + j; }
+};
 
-  std::vector<float> qs(nqp * D, 0.f), acc(nqp * D, 0.f), p(nqp * BK), m(nqp, -INFINITY), l(nqp, 0.f);
-  std::vector<float> kt_buf(D * BK);  // K block transposed: [D][BK]
-  float* kt = kt_buf.data();
+// Per-item running state: scaled queries, online-softmax max m and sum l, accumulators, the block's
+// probabilities and its K block transposed to [D][BK].
+struct State {
+  float *qs, *acc, *p, *m, *l, *kt;
   const float* vrow[BK];
-  for (int64_t gi = 0; gi < g; ++gi)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* src = q + ((q_start + i) * hq + kvh * g + gi) * D;
-      float* dst = qs.data() + (gi * n + i) * D;
-      for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * scale * LOG2E;  // scores in log2 units
-    }
+  int64_t j0, jb;
+  const float* pf[2 * BK];  // K and V rows of the block prefetched during this one's arithmetic
+  int64_t npf, groups;
+};
+
+// Queries q0..q0+QB-1 over the current block: scores, masked online softmax, P·V. It prefetches its
+// share (every groups-th row) of the next block, K rows during the scores and V rows during P·V, so
+// the next loads are in flight during the arithmetic instead of after it.
+template <int ND, int QB>
+inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
+  const int64_t nd = ND > 0 ? ND : it.D / VL;
+  const int64_t D = nd * VL;
   vf iota;
   for (int j = 0; j < VL; ++j) iota[j] = static_cast<float>(j);
-
-  for (int64_t j0 = 0; j0 < L; j0 += BK) {
-    const int64_t jb = L - j0 < BK ? L - j0 : BK;
-    // K block transposed to [D][BK] (16x16 tiles through registers), so scores vectorise over keys
-    const float* krow[BK];
-    for (int64_t jj = 0; jj < jb; ++jj) {
-      const int64_t pos = sparse ? idx[idx_off + j0 + jj] : base + j0 + jj;
-      krow[jj] = kh + pos * D;
-      vrow[jj] = vh + pos * D;
+  vf s[QB][NB] = {};
+  // K rows, needed first (by the next block's transposition), during the scores
+  const int64_t kper = (st.npf + st.groups * D - 1) / (st.groups * D);
+  for (int64_t e = 0; e < D; ++e) {
+    for (int64_t t = 0; t < kper; ++t) {
+      const int64_t r = (e * kper + t) * st.groups + gidx;
+      if (r < st.npf)
+        for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
     }
-    // The next block's rows, prefetched a slice per query group below: the loads then overlap
-    // this block's arithmetic instead of stalling on full fill buffers all at once
-    const int64_t next = L - j0 - BK < BK ? (L - j0 - BK > 0 ? L - j0 - BK : 0) : BK;
-    const int64_t groups = nqp / QB, per_group = (next + groups - 1) / groups;
+    vf kv[NB];
+    for (int b = 0; b < NB; ++b) kv[b] = load(st.kt + e * BK + b * VL);
+    for (int u = 0; u < QB; ++u) {
+      const vf qe = splat(st.qs[(q0 + u) * D + e]);
+      for (int b = 0; b < NB; ++b) s[u][b] += qe * kv[b];
+    }
+  }
+  float corr[QB];
+  int64_t vis_max = 0;
+  for (int u = 0; u < QB; ++u) {
+    const int64_t qi = q0 + u, tok = qi % it.n;
+    // keys past the block's end and keys after this query's token (the causal tail) are masked; a
+    // chunk's first block always has a visible key (chunks start before the row's own tokens)
+    int64_t visible = it.L - it.n + tok + 1 - st.j0;
+    visible = visible > st.jb ? st.jb : visible;
+    vis_max = visible > vis_max ? visible : vis_max;
+    vf bm = splat(-INFINITY);
+    for (int b = 0; b < NB; ++b) {
+      s[u][b] = (iota + static_cast<float>(b * VL)) < static_cast<float>(visible) ? s[u][b] : splat(-INFINITY);
+      bm = s[u][b] > bm ? s[u][b] : bm;
+    }
+    if (it.cap_mask >> tok & 1) {  // a captured token: keep its scores
+      const int64_t slot = __builtin_popcountll(it.cap_mask & ((int64_t{1} << tok) - 1));
+      float* dst = it.sbuf + it.cap_base + (slot * it.hq + it.kvh * it.g + qi / it.n) * padded(it.L) + st.j0;
+      for (int b = 0; b < NB; ++b) store(dst + b * VL, s[u][b]);
+    }
+    const float mold = st.m[qi], bmax = hmax(bm);
+    const float mnew = bmax > mold ? bmax : mold;
+    corr[u] = mnew == mold ? 1.f : exp2_neg(splat(mold - mnew))[0];  // m = -inf at first: 0
+    vf sum = {};
+    for (int b = 0; b < NB; ++b) {
+      const vf e = exp2_neg(s[u][b] - mnew);
+      store(st.p + qi * BK + b * VL, e);
+      sum += e;
+    }
+    st.m[qi] = mnew;
+    st.l[qi] = st.l[qi] * corr[u] + hsum(sum);
+  }
+  // acc = acc * corr + sum_j p_j V_j, accumulators in registers over the block
+  vf av[QB][ND > 0 ? ND : 16];
+  for (int u = 0; u < QB; ++u)
+    for (int64_t c = 0; c < nd; ++c) {
+      av[u][c] = load(st.acc + (q0 + u) * D + c * VL);
+      if (corr[u] != 1.f) av[u][c] *= corr[u];  // the running max rarely moves after a few blocks
+    }
+  for (int64_t jj = 0; jj < vis_max; ++jj) {
+    const int64_t r = jj * st.groups + gidx;
+    if (r < st.npf)  // V rows, used last, during P·V
+      for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // one per 64-byte line
+    const float* vr = st.vrow[jj];
+    for (int64_t c = 0; c < nd; ++c) {
+      const vf vv = load(vr + c * VL);
+      for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
+    }
+  }
+  for (int u = 0; u < QB; ++u)
+    for (int64_t c = 0; c < nd; ++c) store(st.acc + (q0 + u) * D + c * VL, av[u][c]);
+}
+
+// Queries in groups of QMAX (4 where the accumulators fit in registers), the rest in one group of
+// exactly the remaining count: no query is padded.
+template <int ND>
+void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
+                  float* part) {
+  constexpr int QMAX = ND == 0 ? 1 : ND <= 4 ? 4 : 2;
+  const int64_t D = it.D, nq = it.nq, n = it.n;
+  std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(D * BK);
+  State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, 0, 0, {}, 0, 0};
+  st.groups = (nq + QMAX - 1) / QMAX;
+  for (int64_t gi = 0; gi < it.g; ++gi)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* src = it.q + ((it.q_start + i) * it.hq + it.kvh * it.g + gi) * D;
+      float* dst = st.qs + (gi * n + i) * D;
+      for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * scale * LOG2E;  // scores in log2 units
+    }
+  const int64_t nd = D / VL;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
+    st.j0 = j0;
+    st.jb = j_end - j0 < BK ? j_end - j0 : BK;
+    const float* krow[BK];
+    for (int64_t jj = 0; jj < st.jb; ++jj) {
+      const int64_t pos = it.pos(j0 + jj);
+      krow[jj] = it.kh + pos * D;
+      st.vrow[jj] = it.vh + pos * D;
+    }
+    // the next block (prefetched further ahead, lines fall out of L1 before they are used)
+    const int64_t pf_begin = j0 + BK, pf_end = pf_begin + BK < j_end ? pf_begin + BK : j_end;
+    st.npf = pf_end > pf_begin ? pf_end - pf_begin : 0;
+    for (int64_t r = 0; r < st.npf; ++r) {
+      const int64_t pos = it.pos(pf_begin + r);
+      st.pf[2 * r] = it.kh + pos * D;
+      st.pf[2 * r + 1] = it.vh + pos * D;
+    }
+    // K block transposed to [D][BK] (16x16 tiles through registers), so scores vectorise over keys
     for (int kb = 0; kb < NB; ++kb)
       for (int64_t c = 0; c < nd; ++c) {
         vf r[VL];
         for (int t = 0; t < VL; ++t) {
           const int64_t jj = kb * VL + t;
-          r[t] = jj < jb ? load(krow[jj] + c * VL) : vf{};  // past the end: zeros, masked below
+          r[t] = jj < st.jb ? load(krow[jj] + c * VL) : vf{};  // past the end: zeros, masked
         }
         transpose16(r);
-        for (int t = 0; t < VL; ++t) store(kt + (c * VL + t) * BK + kb * VL, r[t]);
+        for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
       }
-
-    // QB queries at a time, so each K and V vector loaded feeds QB multiply-adds
-    for (int64_t q0 = 0; q0 < nqp; q0 += QB) {
-      const int64_t pf0 = q0 / QB * per_group, pf1 = pf0 + per_group < next ? pf0 + per_group : next;
-      for (int64_t jj = j0 + BK + pf0; jj < j0 + BK + pf1; ++jj) {
-        const int64_t pos = sparse ? idx[idx_off + jj] : base + jj;
-        for (int64_t c = 0; c < D; c += VL) {
-          __builtin_prefetch(kh + pos * D + c);
-          __builtin_prefetch(vh + pos * D + c);
-        }
-      }
-      vf s[QB][NB] = {};
-      for (int64_t e = 0; e < D; ++e) {
-        vf kv[NB];
-        for (int b = 0; b < NB; ++b) kv[b] = load(kt + e * BK + b * VL);
-        for (int u = 0; u < QB; ++u) {
-          const vf qe = splat(qs[(q0 + u) * D + e]);
-          for (int b = 0; b < NB; ++b) s[u][b] += qe * kv[b];
-        }
-      }
-      float corr[QB];
-      int64_t vis_max = 0;
-      for (int u = 0; u < QB; ++u) {
-        const int64_t qi = q0 + u;
-        // keys past the block's end and keys after this query's token (the causal tail) are masked;
-        // block 0 always has a visible key, so m is finite from then on
-        int64_t visible = L - n + qi % n + 1 - j0;
-        visible = visible > jb ? jb : visible;
-        vis_max = visible > vis_max ? visible : vis_max;
-        vf bm = splat(-INFINITY);
-        for (int b = 0; b < NB; ++b) {
-          s[u][b] = (iota + static_cast<float>(b * VL)) < static_cast<float>(visible) ? s[u][b]
-                                                                                     : splat(-INFINITY);
-          bm = s[u][b] > bm ? s[u][b] : bm;
-        }
-        if (cap_mask && qi < nq && (cap_mask >> (qi % n) & 1)) {  // a captured token: keep its scores
-          const int64_t slot = __builtin_popcountll(cap_mask & ((int64_t{1} << (qi % n)) - 1));
-          float* dst = sbuf + cap_base + (slot * hq + kvh * g + qi / n) * padded(L) + j0;
-          for (int b = 0; b < NB; ++b) store(dst + b * VL, s[u][b]);
-        }
-        const float mold = m[qi], bmax = hmax(bm);
-        const float mnew = bmax > mold ? bmax : mold;
-        corr[u] = mnew == mold ? 1.f : exp2_neg(splat(mold - mnew))[0];  // m = -inf at first: 0
-        vf sum = {};
-        for (int b = 0; b < NB; ++b) {
-          const vf e = exp2_neg(s[u][b] - mnew);
-          store(p.data() + qi * BK + b * VL, e);
-          sum += e;
-        }
-        m[qi] = mnew;
-        l[qi] = l[qi] * corr[u] + hsum(sum);
-      }
-      // acc = acc * corr + sum_j p_j V_j, accumulators in registers over the block
-      vf av[QB][ND > 0 ? ND : 16];
-      for (int u = 0; u < QB; ++u)
-        for (int64_t c = 0; c < nd; ++c) {
-          av[u][c] = load(acc.data() + (q0 + u) * D + c * VL);
-          if (corr[u] != 1.f) av[u][c] *= corr[u];  // the running max rarely moves after a few blocks
-        }
-      for (int64_t jj = 0; jj < vis_max; ++jj) {
-        const float* vr = vrow[jj];
-        for (int64_t c = 0; c < nd; ++c) {
-          const vf vv = load(vr + c * VL);
-          for (int u = 0; u < QB; ++u) av[u][c] += splat(p[(q0 + u) * BK + jj]) * vv;
-        }
-      }
-      for (int u = 0; u < QB; ++u)
-        for (int64_t c = 0; c < nd; ++c) store(acc.data() + (q0 + u) * D + c * VL, av[u][c]);
+    int64_t q0 = 0, gidx = 0;
+    for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, QMAX>(it, st, q0, gidx);
+    if constexpr (QMAX == 4) {
+      if (nq - q0 == 3) group_block<ND, 3>(it, st, q0, gidx);
+      if (nq - q0 == 2) group_block<ND, 2>(it, st, q0, gidx);
+      if (nq - q0 == 1) group_block<ND, 1>(it, st, q0, gidx);
+    } else if constexpr (QMAX == 2) {
+      if (nq - q0 == 1) group_block<ND, 1>(it, st, q0, gidx);
     }
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t gi = qi / n, i = qi % n;
-    float* dst = out + ((q_start + i) * hq + kvh * g + gi) * D;
-    const float inv = 1.f / l[qi];
-    for (int64_t e = 0; e < D; ++e) dst[e] = acc[qi * D + e] * inv;
-    if (lse) lse[(q_start + i) * hq + kvh * g + gi] = m[qi] + std::log2(l[qi]);
+    if (part) {  // a chunk of a split row: unnormalised, merged by merge_parts
+      std::memcpy(part + qi * D, st.acc + qi * D, D * sizeof(float));
+      part[nq * D + qi] = st.m[qi];
+      part[nq * D + nq + qi] = st.l[qi];
+      continue;
+    }
+    const int64_t gi = qi / n, i = qi % n, h = (it.q_start + i) * it.hq + it.kvh * it.g + gi;
+    const float inv = 1.f / st.l[qi];
+    for (int64_t e = 0; e < D; ++e) out[h * D + e] = st.acc[qi * D + e] * inv;
+    if (lse) lse[h] = st.m[qi] + std::log2(st.l[qi]);
+  }
+}
+
+// The chunks of one split (row, KV head), each [acc (nq x D), m (nq), l (nq)], merged by their
+// log-sum-exp: weights 2^(m_c - M) with M the largest max.
+void merge_parts(const Item& it, const float* parts, int64_t chunks, float* out, float* lse) {
+  const int64_t nq = it.nq, D = it.D, stride = nq * (D + 2);
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    float M = -INFINITY;
+    for (int64_t c = 0; c < chunks; ++c) M = std::fmax(M, parts[c * stride + nq * D + qi]);
+    const int64_t gi = qi / it.n, i = qi % it.n, h = (it.q_start + i) * it.hq + it.kvh * it.g + gi;
+    float* dst = out + h * D;
+    float l = 0.f;
+    for (int64_t e = 0; e < D; ++e) dst[e] = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* pc = parts + c * stride;
+      const float w = std::exp2(pc[nq * D + qi] - M);
+      l += w * pc[nq * D + nq + qi];
+      for (int64_t e = 0; e < D; ++e) dst[e] += w * pc[qi * D + e];
+    }
+    for (int64_t e = 0; e < D; ++e) dst[e] /= l;
+    if (lse) lse[h] = M + std::log2(l);
   }
 }
 
@@ -258,24 +317,61 @@ void reduce_chunk(const float* sbuf, const float* lse, const int64_t* crow, cons
 
 }  // namespace
 
+constexpr int64_t MIN_CHUNK = 1024;  // keys: below this a split costs more in merging than it gains
+
 extern "C" int aspire_attention(const float* q, const float* k, const float* v, float* out,
                                 float* lse, float* sbuf, const int64_t* rows, int64_t num_rows, const int64_t* idx, int64_t hq,
                                 int64_t hkv, int64_t d, int64_t cap, float scale, int num_threads) {
-  if (hkv <= 0 || hq % hkv != 0 || d % VL != 0 || d > 256) return 1;
+  if (hkv <= 0 || hq % hkv != 0 || d % VL != 0 || d > 256 || num_threads < 1) return 1;
   const int64_t g = hq / hkv;
-  const int64_t items = num_rows * hkv;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t* row = rows + (it / hkv) * 8;
-    const int64_t kvh = it % hkv;
-    // 4 queries at a time where their accumulators fit in registers and padding wastes little
-    const int64_t nq = g * row[1];
-    const int qb = d > 64 ? 2 : (nq % 4 == 0 || nq > 4) ? 4 : nq % 2 == 0 ? 2 : 1;
-    switch (d * 8 + qb) {
-#define CASE(D, QB) case D * 8 + QB: attend_item<D / VL, QB>(q, k, v, out, lse, sbuf, row, idx, hq, g, kvh, cap, d, scale); break;
-      CASE(32, 4) CASE(32, 2) CASE(32, 1) CASE(64, 4) CASE(64, 2) CASE(64, 1) CASE(128, 2) CASE(128, 1)
+  // Rows are split into key chunks when there are too few (row, KV head) pairs to give every thread
+  // several items: each chunk streams its keys for all the row's queries, and the chunks' partial
+  // softmaxes merge afterwards. A chunk boundary is a multiple of the key block, and the last chunk
+  // holds the row's own tokens, so every chunk has a visible key for every query.
+  int64_t work = 0;
+  for (int64_t r = 0; r < num_rows; ++r) work += (rows[r * 8 + 5] >= 0 ? rows[r * 8 + 5] : rows[r * 8 + 3] + rows[r * 8 + 1]);
+  int64_t clen = work * hkv / (4 * num_threads);
+  clen = (clen < MIN_CHUNK ? MIN_CHUNK : clen + BK - 1) / BK * BK;
+  std::vector<Item> items;
+  std::vector<int64_t> item_chunk, item_begin, item_end, part_off, merge_items;
+  int64_t part_size = 0;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t* row = rows + r * 8;
+    for (int64_t kvh = 0; kvh < hkv; ++kvh) {
+      Item it{q, k + kvh * cap * d, v + kvh * cap * d, sbuf, idx, row[0], row[1], row[2], row[4], row[6], row[7],
+              row[5] >= 0 ? row[5] : row[3] + row[1], g * row[1], hq, g, kvh, d, row[5] >= 0};
+      const int64_t chunks = (it.L - it.n) / clen > 1 ? (it.L - it.n) / clen : 1;
+      if (chunks > 1) merge_items.push_back(static_cast<int64_t>(items.size()));
+      for (int64_t c = 0; c < chunks; ++c) {
+        items.push_back(it);
+        item_chunk.push_back(chunks > 1 ? c : -1);
+        item_begin.push_back(c * clen);
+        item_end.push_back(c == chunks - 1 ? it.L : (c + 1) * clen);
+        part_off.push_back(part_size);
+        if (chunks > 1) part_size += it.nq * (d + 2);
+      }
+    }
+  }
+  std::vector<float> parts(part_size);
+  const int64_t n_items = static_cast<int64_t>(items.size()), n_merge = static_cast<int64_t>(merge_items.size());
+#pragma omp parallel num_threads(num_threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) {
+      float* part = item_chunk[i] >= 0 ? parts.data() + part_off[i] : nullptr;
+      switch (d) {
+#define CASE(D) case D: attend_chunk<D / VL>(items[i], item_begin[i], item_end[i], scale, out, lse, part); break;
+        CASE(16) CASE(32) CASE(64) CASE(128)
 #undef CASE
-      default: attend_item<0, 1>(q, k, v, out, lse, sbuf, row, idx, hq, g, kvh, cap, d, scale);
+        default: attend_chunk<0>(items[i], item_begin[i], item_end[i], scale, out, lse, part);
+      }
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_merge; ++i) {
+      const int64_t first = merge_items[i];
+      int64_t chunks = 0;
+      while (first + chunks < n_items && item_chunk[first + chunks] == chunks) ++chunks;
+      merge_parts(items[first], parts.data() + part_off[first], chunks, out, lse);
     }
   }
   return 0;
