@@ -1,6 +1,7 @@
 """Engine: model + KV cache + attention backend; `forward(rows)` runs one mixed batch."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -15,13 +16,16 @@ from .model import Transformer
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer=None, attention_backend: str = "auto",
-                 page_size: int = 16, prefill_chunk: int = 1024, name: str = "model"):
+                 page_size: int = 16, prefill_chunk: int = 1024, name: str = "model",
+                 dense_backend: str | None = None):
         self.model = model
         self.cfg = model.cfg
         self.tokenizer = tokenizer
         self.device = model.device
         self.dtype = model.dtype
         self.backend = get_backend(attention_backend, self.device.type)
+        # auto | fused | eager (model.Transformer.set_dense); $ASPIRE_BENCH_DENSE when not given
+        self.dense_backend = model.set_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.name = name

@@ -10,8 +10,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..kernels.base import AttentionBackend, AttentionMeta
 from .config import ModelConfig, rope_inv_freq
+from .dense import FusedDense
+
+DENSE_BACKENDS = ("auto", "fused", "eager")
 
 
 @dataclass
@@ -58,6 +62,23 @@ class Transformer:
         self.device = embed.device
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
         self._cos = self._sin = torch.empty(0, cfg.head_dim, device=self.device)
+        self.dense = "eager"
+        self._fused: FusedDense | None = None
+
+    def set_dense(self, backend: str) -> str:
+        """How a layer's dense part runs: `fused` (dense.py: folded norms, RoPE tables, prepacked
+        oneDNN projections; fp32 on a CPU), `eager` (the reference below), or `auto` (fused where it
+        applies). Returns the one chosen."""
+        if backend not in DENSE_BACKENDS:
+            raise ConfigError(f"unknown dense backend {backend!r}: choose one of {', '.join(DENSE_BACKENDS)}")
+        fits = self.dtype == torch.float32 and self.device.type == "cpu"
+        if backend == "fused" and not fits:
+            raise ConfigError(f"the fused dense path runs fp32 on a CPU, not {str(self.dtype).replace('torch.', '')} "
+                              f"on {self.device.type}: use dense backend eager or auto")
+        self.dense = "fused" if backend == "fused" or (backend == "auto" and fits) else "eager"
+        if self.dense == "fused" and self._fused is None:
+            self._fused = FusedDense(self)
+        return self.dense
 
     def _rope_tables(self, positions: torch.Tensor):
         need = int(positions.max()) + 1
@@ -79,6 +100,8 @@ class Transformer:
         T = tokens.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self._rope_tables(positions)
+        if self.dense == "fused":
+            return self._fused.forward(self, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows)
         x = self.embed[tokens]
         captures: dict[int, dict[int, torch.Tensor]] = {}
         for li, w in enumerate(self.layers):
