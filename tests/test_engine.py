@@ -233,3 +233,13 @@ def test_dense_backend_choice(checkpoints, monkeypatch):
         Engine(load_model(path), attention_backend="torch", dense_backend="compiled")
     with pytest.raises(ConfigError, match="fp32 on a CPU"):
         Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend="fused")
+    # two engines on one model each keep their own path
+    from aspire_bench.engine.dense import FusedDense
+    model = load_model(path)
+    fused, eager = (Engine(model, attention_backend="torch", dense_backend=d) for d in ("fused", "eager"))
+    calls, real = [], FusedDense.forward
+    monkeypatch.setattr(FusedDense, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    for eng, n_calls in ((eager, 0), (fused, 1)):
+        eng.reserve(64)
+        eng.forward([Row(eng.alloc(16), [1, 2, 3], 0)])
+        assert len(calls) == n_calls

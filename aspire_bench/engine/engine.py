@@ -24,8 +24,8 @@ class Engine:
         self.device = model.device
         self.dtype = model.dtype
         self.backend = get_backend(attention_backend, self.device.type)
-        # auto | fused | eager (model.Transformer.set_dense); $ASPIRE_BENCH_DENSE when not given
-        self.dense_backend = model.set_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
+        # auto | fused | eager (model.Transformer.prepare_dense); $ASPIRE_BENCH_DENSE when not given
+        self.dense_backend = model.prepare_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.name = name
@@ -150,7 +150,7 @@ class Engine:
         meta = AttentionMeta(rows=metas, num_tokens=q, page_size=self.page_size, scale=self._scale)
         logits, captures = self.model.forward(
             torch.tensor(tokens, device=dev), pos, dest, self.cache.k, self.cache.v, meta, self.backend,
-            torch.tensor(logit_rows, device=dev, dtype=torch.long))
+            torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
         return ForwardOutput(logits=list(logits.split(counts)), captures=captures)
