@@ -7,7 +7,7 @@ A speculative decoder's throughput over AR is bounded by its step costs relative
 with c = draft step / AR step, v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
 1-token verify is an AR step) and a the per-token acceptance. This script measures c and v(1..G) on
 the real engine at batch B and context C (one forward over B rows of each kind), splits each step
-into attention, matmuls (`F.linear`) and the rest (norms, RoPE, KV writes, metadata, Python) on the
+into attention, matmuls (`F.linear`, or the fused path's projections) and the rest (norms, RoPE, KV writes, metadata, Python) on the
 CPU, and prints the best speedup the measured costs allow for a range of acceptances. On a GPU v is
 close to 1 (verify reads the same KV as an AR step); on a CPU the extra queries cost compute, and v
 grows with gamma.
@@ -43,6 +43,7 @@ from ar_bandwidth import TimedBackend, Timers, timed_functional
 
 from aspire_bench.decoders.selection import page_budget, streaming_positions
 from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model
+from aspire_bench.engine import dense as dense_module
 from aspire_bench.engine import model as model_module
 from aspire_bench.engine.loading import random_model
 from aspire_bench.tinymodel import TINY_DIR
@@ -60,10 +61,10 @@ KINDS = ("weights", "ar", "aspire", "window", "verify")
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def make_engine(shape: str, dtype: str, device: str, backend: str, seed: int) -> Engine:
+def make_engine(shape: str, dtype: str, device: str, backend: str, seed: int, dense: str = "auto") -> Engine:
     # Named shapes get random weights: a step's work does not depend on them.
     model = random_model(SHAPES[shape], dtype, device, seed) if shape in SHAPES else load_model(shape, dtype, device)
-    return Engine(model, None, backend, name=shape)
+    return Engine(model, None, backend, name=shape, dense_backend=dense)
 
 
 class Cell:
@@ -128,8 +129,16 @@ def timed(fn, repeats: int, sync) -> float:
 def split(cell: Cell, kind: str, repeats: int) -> dict:
     """CPU only: time in attention and in matmuls of one step (median over repeats)."""
     engine, timers = cell.engine, Timers()
-    real_backend, real_F = engine.backend, model_module.F
+    real_backend, real_F, real_proj = engine.backend, model_module.F, dense_module.Proj.__call__
+
+    def timed_proj(self, *args, **kw):  # the fused path's projections (engine/dense.py)
+        t0 = time.perf_counter()
+        r = real_proj(self, *args, **kw)
+        timers.linear += time.perf_counter() - t0
+        return r
+
     engine.backend, model_module.F = TimedBackend(real_backend, timers), timed_functional(timers)
+    dense_module.Proj.__call__ = timed_proj
     attn, lin = [], []
     try:
         cell.step(kind)
@@ -139,7 +148,7 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
             attn.append(timers.attn)
             lin.append(timers.linear)
     finally:
-        engine.backend, model_module.F = real_backend, real_F
+        engine.backend, model_module.F, dense_module.Proj.__call__ = real_backend, real_F, real_proj
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 
@@ -216,17 +225,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default="auto", help="attention backend: auto | cpu | torch | triton")
+    ap.add_argument("--dense-backend", default="auto", help="dense part of a layer: auto | fused | eager")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    engine = make_engine(a.shape, a.dtype, a.device, a.backend, a.seed)
+    engine = make_engine(a.shape, a.dtype, a.device, a.backend, a.seed, a.dense_backend)
     results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed)
     print_table(results)
     if a.json:
         meta = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "backend": engine.backend.name,
+                "dense_backend": engine.dense_backend,
                 "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None}
         a.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

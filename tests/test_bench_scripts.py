@@ -32,6 +32,7 @@ def test_step_costs_measures_every_row_kind():
     assert set(r["ms"]) == set(step_costs.KINDS) and all(v > 0 for v in r["ms"].values())
     assert r["c_aspire"] == pytest.approx(r["ms"]["aspire"] / r["ms"]["ar"])
     assert set(r["split"]["ar"]) == {"attention_ms", "matmul_ms", "other_ms"}
+    assert r["split"]["weights"]["matmul_ms"] > 0  # the fused dense path's projections are timed too
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 

@@ -19,10 +19,13 @@ def hf_logits(model, ids):
         return model(torch.tensor([ids])).logits[0]
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=[(f, d) for f in FAMILIES for d in ("fused", "eager")], ids=lambda p: "-".join(p))
 def family(request, checkpoints):
-    path, hf = checkpoints[request.param]
-    eng = Engine(load_model(path), attention_backend="torch", prefill_chunk=24)
+    """Each family through both dense paths (engine/dense.py's fused one and model.py's eager one)."""
+    fam, dense = request.param
+    path, hf = checkpoints[fam]
+    eng = Engine(load_model(path), attention_backend="torch", prefill_chunk=24, dense_backend=dense)
+    assert eng.dense_backend == dense
     eng.reserve(4096)
     return eng, hf
 
@@ -190,3 +193,53 @@ def test_random_model_has_the_loaded_layout(checkpoints, family):
     eng.reserve(64)
     out = eng.forward([Row(eng.alloc(32), [1, 2, 3], 0, logits="all")])
     assert out.logits[0].shape == (3, rand.cfg.vocab_size) and torch.isfinite(out.logits[0]).all()
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("branch", ("onednn", "plain"))
+def test_fused_dense_branches_match_transformers(checkpoints, monkeypatch, fam, branch):
+    """The fused path's other branches against transformers: every projection through oneDNN (small
+    ones otherwise go to MKL), or all through F.linear (a torch build without oneDNN: one warning);
+    per-layer q/k tables (long forwards) in the second."""
+    from aspire_bench.engine import dense
+    path, hf = checkpoints[fam]
+    ids = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    if branch == "onednn":
+        monkeypatch.setattr(dense, "_SMALL", 0)
+        monkeypatch.setattr(dense, "_SMALL_WEIGHT", 0)
+        eng = Engine(load_model(path), attention_backend="cpu", dense_backend="fused")
+        assert all(p.w is None for p in vars(eng.model._fused.layers[0]).values())
+    else:
+        monkeypatch.setattr(dense, "_TABLE_LIMIT", 0)
+        monkeypatch.setattr(dense, "_warned", False)
+        monkeypatch.setattr(dense, "onednn_available", lambda: False)
+        with pytest.warns(UserWarning, match="no oneDNN"):
+            eng = Engine(load_model(path), attention_backend="cpu", dense_backend="fused")
+    eng.reserve(256)
+    s = eng.alloc(64)
+    out = eng.forward([Row(s, ids[:30], 0, logits="all")]).logits[0]
+    torch.testing.assert_close(out, hf_logits(hf, ids[:30]), atol=TOL, rtol=0)
+    out = eng.forward([Row(s, ids[30:], 30, logits="all")]).logits[0]  # decode-sized rows: the kernel's path
+    torch.testing.assert_close(out, hf_logits(hf, ids)[30:], atol=TOL, rtol=0)
+
+
+def test_dense_backend_choice(checkpoints, monkeypatch):
+    path, _ = checkpoints["qwen3"]
+    assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"  # auto on a CPU, fp32
+    assert Engine(load_model(path, "bfloat16"), attention_backend="torch").dense_backend == "eager"
+    monkeypatch.setenv("ASPIRE_BENCH_DENSE", "eager")
+    assert Engine(load_model(path), attention_backend="torch").dense_backend == "eager"
+    with pytest.raises(ConfigError, match="unknown dense backend 'compiled'"):
+        Engine(load_model(path), attention_backend="torch", dense_backend="compiled")
+    with pytest.raises(ConfigError, match="fp32 on a CPU"):
+        Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend="fused")
+    # two engines on one model each keep their own path
+    from aspire_bench.engine.dense import FusedDense
+    model = load_model(path)
+    fused, eager = (Engine(model, attention_backend="torch", dense_backend=d) for d in ("fused", "eager"))
+    calls, real = [], FusedDense.forward
+    monkeypatch.setattr(FusedDense, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    for eng, n_calls in ((eager, 0), (fused, 1)):
+        eng.reserve(64)
+        eng.forward([Row(eng.alloc(16), [1, 2, 3], 0)])
+        assert len(calls) == n_calls

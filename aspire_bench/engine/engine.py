@@ -1,6 +1,7 @@
 """Engine: model + KV cache + attention backend; `forward(rows)` runs one mixed batch."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -15,18 +16,22 @@ from .model import Transformer
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer=None, attention_backend: str = "auto",
-                 page_size: int = 16, prefill_chunk: int = 1024, name: str = "model"):
+                 page_size: int = 16, prefill_chunk: int = 1024, name: str = "model",
+                 dense_backend: str | None = None):
         self.model = model
         self.cfg = model.cfg
         self.tokenizer = tokenizer
         self.device = model.device
         self.dtype = model.dtype
         self.backend = get_backend(attention_backend, self.device.type)
+        # auto | fused | eager (model.Transformer.prepare_dense); $ASPIRE_BENCH_DENSE when not given
+        self.dense_backend = model.prepare_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.name = name
         self.cache: KVCache | None = None
         self._scale = self.cfg.head_dim ** -0.5
+        self._page_offsets = torch.arange(page_size, device=self.device)
         # token-id prefix -> its K/V ([layers, kv_heads, n, head_dim] each); None = off. Benchmarks
         # that replay the same prompts through several decoders turn it on to prefill each once.
         self.prefix_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -81,36 +86,36 @@ class Engine:
         return True
 
     # --- forward --------------------------------------------------------------------------------
-    def _positions(self, view: View, start: int) -> torch.Tensor:
+    def _view_keys(self, view: View, row: Row) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pool indices, slot positions) a sparse row attends to: its view of the prefix, then its own tokens."""
         dev = self.device
         if isinstance(view, PageView):
-            ps = self.page_size
-            pos = (view.pages.to(dev)[:, None] * ps + torch.arange(ps, device=dev)).flatten()
-            return pos[pos < start]
-        if isinstance(view, TokenView):
-            return view.positions.to(dev)
-        raise TypeError(f"not a view: {view!r}")
+            pos = (view.pages.to(dev)[:, None] * self.page_size + self._page_offsets).flatten()
+            pos = pos[pos < row.start]
+        elif isinstance(view, TokenView):
+            pos = view.positions.to(dev)
+        else:
+            raise TypeError(f"not a view: {view!r}")
+        pos = torch.cat((pos, torch.arange(row.start, row.start + row.n, device=dev)))
+        return pos + row.slot.base, pos
 
     def _row_meta(self, row: Row, q_start: int) -> RowMeta:
         L = self.cfg.num_layers
         meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
-        if row.view is not None:
-            dev = self.device
-            own = torch.arange(row.start, row.start + row.n, device=dev)
-            resolved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(view) -> (idx, pos)
-            meta.sparse, meta.sparse_pos = [], []
+        if isinstance(row.view, list):  # a view per layer (Vegas); views shared by layers resolved once
+            resolved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            keys = []
             for layer in range(L):
                 view = row.view_at(layer)
-                if view is None:
-                    meta.sparse.append(None)
-                    meta.sparse_pos.append(None)
-                    continue
-                if id(view) not in resolved:
-                    pos = torch.cat((self._positions(view, row.start), own))
-                    resolved[id(view)] = (pos + row.slot.base, pos)
-                idx, pos = resolved[id(view)]
-                meta.sparse.append(idx)
-                meta.sparse_pos.append(pos)
+                if view is not None and id(view) not in resolved:
+                    resolved[id(view)] = self._view_keys(view, row)
+                keys.append((None, None) if view is None else resolved[id(view)])
+            meta.sparse, meta.sparse_pos = map(list, zip(*keys))
+        elif row.view is not None:  # one view, full attention at full_layers (ASPIRE's refresh layer)
+            idx, pos = self._view_keys(row.view, row)
+            full = row.full_layers
+            meta.sparse = [None if layer in full else idx for layer in range(L)]
+            meta.sparse_pos = [None if layer in full else pos for layer in range(L)]
         if row.capture is not None:
             meta.capture_layers = frozenset(row.capture.layers)
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last
@@ -119,32 +124,33 @@ class Engine:
 
     def forward(self, rows: list[Row]) -> ForwardOutput:
         dev = self.device
-        tokens, positions, metas, logit_rows, counts = [], [], [], [], []
+        tokens, positions, dest, metas, logit_rows, counts = [], [], [], [], [], []
         q = 0
         for row in rows:
-            slot = row.slot
-            if row.start > slot.length:
-                raise ValueError(f"row starts at {row.start} beyond the slot's length {slot.length}")
-            if row.start + row.n > slot.capacity:
-                raise ValueError(f"row writes up to {row.start + row.n} beyond the slot's capacity {slot.capacity}")
+            slot, start, n = row.slot, row.start, row.n
+            if start > slot.length:
+                raise ValueError(f"row starts at {start} beyond the slot's length {slot.length}")
+            if start + n > slot.capacity:
+                raise ValueError(f"row writes up to {start + n} beyond the slot's capacity {slot.capacity}")
             tokens.extend(row.tokens)
-            positions.append(torch.arange(row.start, row.start + row.n))
+            positions.extend(range(start, start + n))
+            dest.extend(range(slot.base + start, slot.base + start + n))
             metas.append(self._row_meta(row, q))
             if row.logits == "all":
-                logit_rows.extend(range(q, q + row.n))
-                counts.append(row.n)
+                logit_rows.extend(range(q, q + n))
+                counts.append(n)
             elif row.logits == "last":
-                logit_rows.append(q + row.n - 1)
+                logit_rows.append(q + n - 1)
                 counts.append(1)
             else:
                 counts.append(0)
-            q += row.n
-        pos = torch.cat(positions).to(dev)
-        dest = torch.cat([p + r.slot.base for p, r in zip(positions, rows)]).to(dev)
+            q += n
+        pos = torch.tensor(positions, device=dev)
+        dest = torch.tensor(dest, device=dev)
         meta = AttentionMeta(rows=metas, num_tokens=q, page_size=self.page_size, scale=self._scale)
         logits, captures = self.model.forward(
             torch.tensor(tokens, device=dev), pos, dest, self.cache.k, self.cache.v, meta, self.backend,
-            torch.tensor(logit_rows, device=dev, dtype=torch.long))
+            torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
         return ForwardOutput(logits=list(logits.split(counts)), captures=captures)

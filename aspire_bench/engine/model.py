@@ -10,8 +10,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..kernels.base import AttentionBackend, AttentionMeta
 from .config import ModelConfig, rope_inv_freq
+from .dense import FusedDense
+
+DENSE_BACKENDS = ("auto", "fused", "eager")
 
 
 @dataclass
@@ -58,6 +62,22 @@ class Transformer:
         self.device = embed.device
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
         self._cos = self._sin = torch.empty(0, cfg.head_dim, device=self.device)
+        self._fused: FusedDense | None = None  # built on first use, shared by the engines on this model
+
+    def prepare_dense(self, backend: str) -> str:
+        """How a layer's dense part runs: `fused` (dense.py: folded norms, RoPE tables, prepacked
+        oneDNN projections; fp32 on a CPU), `eager` (the reference below), or `auto` (fused where it
+        applies). Returns the one chosen, for `forward(dense=...)`."""
+        if backend not in DENSE_BACKENDS:
+            raise ConfigError(f"unknown dense backend {backend!r}: choose one of {', '.join(DENSE_BACKENDS)}")
+        fits = self.dtype == torch.float32 and self.device.type == "cpu"
+        if backend == "fused" and not fits:
+            raise ConfigError(f"the fused dense path runs fp32 on a CPU, not {str(self.dtype).replace('torch.', '')} "
+                              f"on {self.device.type}: use dense backend eager or auto")
+        chosen = "fused" if backend == "fused" or (backend == "auto" and fits) else "eager"
+        if chosen == "fused" and self._fused is None:
+            self._fused = FusedDense(self)
+        return chosen
 
     def _rope_tables(self, positions: torch.Tensor):
         need = int(positions.max()) + 1
@@ -72,13 +92,15 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, dest: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                backend: AttentionBackend, logit_rows: torch.Tensor):
+                backend: AttentionBackend, logit_rows: torch.Tensor, dense: str = "eager"):
         """tokens/positions/dest: [T]; dest = pool index where each token's KV is written.
         Returns logits [len(logit_rows), vocab] (fp32) and {row: {layer: scores}}."""
         cfg = self.cfg
         T = tokens.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self._rope_tables(positions)
+        if dense == "fused":
+            return self._fused.forward(self, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows)
         x = self.embed[tokens]
         captures: dict[int, dict[int, torch.Tensor]] = {}
         for li, w in enumerate(self.layers):

@@ -1,0 +1,144 @@
+"""The fused dense path: a layer's norms, RoPE, projections and MLP in ~20 torch calls instead of ~50.
+
+On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so this
+path removes calls (same maths, fp32 rounding order aside):
+
+- An RMSNorm weight is folded into the next projection's weight: rms_norm(x, w) @ W^T =
+  (s x) @ (W diag w)^T, s = rsqrt(mean(x^2) + eps) from one fused norm call.
+- Qwen3's q/k norm weights are folded into RoPE tables built once per forward for all layers:
+  rope(n * w) = n * (w cos) + roll(n) * (roll(w) sin'), sin' = sin with its first half negated,
+  roll = swap the two halves of the head dim. q and k of a layer are normalised and rotated together.
+- Projections run through oneDNN with prepacked weights (its blocked layout: on these shapes up to 2x
+  MKL's sgemm), the residual add fused as a post-op. Where this torch build has
+  no oneDNN, plain `F.linear` (one warning).
+
+It covers fp32 on a CPU (`auto` picks it there); other dtypes and devices run the eager reference
+in model.py, which computes norms in fp32 before rounding.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+_TABLE_LIMIT = 1 << 20  # floats: larger per-forward q/k tables (long prefill chunks) are built per layer
+_SMALL = 1 << 19  # multiply-adds under which MKL's sgemm beats oneDNN's call (see Proj)
+_SMALL_WEIGHT = 1 << 17  # floats: matrices at most this big also keep a plain copy for F.linear
+_warned = False
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class Proj:
+    """y = x @ W^T (+ b), optionally added to a residual in the same call.
+
+    oneDNN's call costs ~8 us more than MKL's sgemm, which its faster kernel only repays on larger
+    products: below _SMALL multiply-adds a matrix small enough to keep a plain copy goes to F.linear."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, packed: bool):
+        self.out_features, self.in_features = w.shape
+        self.b = b
+        self.pk = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 8) if packed else None
+        self.w = w.contiguous() if not packed or w.numel() <= _SMALL_WEIGHT else None
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T + b (+ residual, fused into the matmul's epilogue)."""
+        if self.pk is not None and (self.w is None or x.shape[0] * self.w.numel() >= _SMALL):
+            lp = torch.ops.mkldnn._linear_pointwise
+            if residual is not None:
+                return lp.binary(x, residual, self.pk, self.b, "add")
+            return lp(x, self.pk, self.b, "none", [], "")
+        if residual is not None and self.b is None:
+            return torch.addmm(residual, x, self.w.t())
+        y = F.linear(x, self.w, self.b)
+        return y if residual is None else y.add_(residual)
+
+
+class FusedLayer:
+    def __init__(self, w, packed: bool):
+        self.qkv = Proj(w.wqkv * w.attn_norm, w.bqkv, packed)
+        self.o = Proj(w.wo, w.bo, packed)
+        self.gate_up = Proj(w.w_gate_up * w.mlp_norm, w.b_gate_up, packed)
+        self.down = Proj(w.w_down, w.b_down, packed)
+
+
+def _inv_rms(x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """rsqrt(mean(x^2) + eps) over the last dim, keepdim; three calls (pow + mean cost twice that)."""
+    n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return torch.addcmul(eps, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+
+
+class FusedDense:
+    """Prepared weights of one model for the fused path (built once, at engine creation)."""
+
+    def __init__(self, model):
+        global _warned
+        cfg = model.cfg
+        packed = onednn_available()
+        if not packed and not _warned:
+            _warned = True
+            warnings.warn("this torch build has no oneDNN: the fused dense path uses plain F.linear", stacklevel=2)
+        self.cfg = cfg
+        self.layers = [FusedLayer(w, packed) for w in model.layers]
+        self.head = Proj(model.lm_head, None, packed)
+        self.norm = model.norm
+        self.eps = torch.tensor(cfg.rms_norm_eps, dtype=model.dtype, device=model.device)
+        d = cfg.head_dim
+        half = d // 2
+        self._sign = torch.cat((-torch.ones(half), torch.ones(d - half))).to(model.device, model.dtype)
+        if cfg.qk_norm:  # per layer [Hq + Hkv, D]: q_norm's weight for the query heads, k_norm's for the keys
+            self.qk_w = torch.stack([torch.cat((w.q_norm.expand(cfg.num_heads, d), w.k_norm.expand(cfg.num_kv_heads, d)))
+                                     for w in model.layers])
+            self.qk_w_rolled = self.qk_w.roll(half, -1)
+
+    def _tables(self, cos: torch.Tensor, sin: torch.Tensor):
+        """Per layer (A, B) with rope(norm(x)) = r * (x A + roll(x) B); r = 1/rms per head (Qwen3) or 1."""
+        sin = sin * self._sign
+        if not self.cfg.qk_norm:
+            a, b = cos[:, None], sin[:, None]
+            return [(a, b)] * len(self.layers)
+        if self.qk_w.numel() * cos.shape[0] <= _TABLE_LIMIT:
+            a = self.qk_w[:, None] * cos[None, :, None]  # [L, T, H, D]
+            b = self.qk_w_rolled[:, None] * sin[None, :, None]
+            return list(zip(a, b))
+        return _LazyTables(self.qk_w, self.qk_w_rolled, cos, sin)
+
+    def forward(self, model, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows):
+        cfg = self.cfg
+        T = tokens.shape[0]
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        H, eps, half = hq + hkv, self.eps, d // 2
+        tables = self._tables(cos, sin)
+        x = model.embed[tokens]
+        captures: dict[int, dict[int, torch.Tensor]] = {}
+        for li, f in enumerate(self.layers):
+            qkv = f.qkv(x * _inv_rms(x, eps))
+            qk = qkv[:, :H * d].view(T, H, d)
+            a, b = tables[li]
+            rot = torch.addcmul(qk * a, qk.roll(half, -1), b)
+            if cfg.qk_norm:
+                rot.mul_(_inv_rms(qk, eps))
+            q = rot[:, :hq].contiguous()
+            k_cache[li].index_copy_(1, dest, rot[:, hq:].transpose(0, 1))
+            v_cache[li].index_copy_(1, dest, qkv[:, H * d:].view(T, hkv, d).transpose(0, 1))
+            attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
+            for row, scores in caps.items():
+                captures.setdefault(row, {})[li] = scores
+            x = f.o(attn.view(T, hq * d), residual=x)
+            gate, up = f.gate_up(x * _inv_rms(x, eps)).chunk(2, dim=-1)
+            x = f.down(F.silu(gate).mul_(up), residual=x)
+        x = x[logit_rows]
+        return self.head(F.rms_norm(x, (x.shape[-1],), self.norm, cfg.rms_norm_eps)), captures
+
+
+class _LazyTables:
+    """The q/k tables of one layer at a time, for forwards too long to hold all layers' at once."""
+
+    def __init__(self, w, w_rolled, cos, sin):
+        self.w, self.w_rolled, self.cos, self.sin = w, w_rolled, cos[:, None], sin[:, None]
+
+    def __getitem__(self, li):
+        return self.w[li] * self.cos, self.w_rolled[li] * self.sin
