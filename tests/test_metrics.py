@@ -18,8 +18,9 @@ from aspire_bench.harness.metrics import (
     acceptance_by_position,
     accepted_lengths,
     aggregate,
-    decode_share,
+    counts_as_decode,
     decode_wall_time,
+    decode_windows,
     draft_acceptance_rate,
     generated_tokens,
     parity,
@@ -41,7 +42,7 @@ def spec_output():
     """Two requests. A: prefill alone in step 0; B's prefill shares step 1 with A's first verify."""
     steps = [
         step(0, 0.0, 1.0, ("A", PREFILL, 100, 1)),                      # all prefill: 0 s of decode
-        step(1, 1.0, 1.5, ("B", PREFILL, 6, 1), ("A", VERIFY, 4, 4, 3, 3)),  # mixed: counts whole, 0.5 s
+        step(1, 1.0, 1.5, ("B", PREFILL, 6, 1), ("A", VERIFY, 4, 4, 3, 3)),  # has a verify row: 0.5 s
         step(2, 1.5, 1.75, ("A", VERIFY, 4, 2, 3, 1), ("B", VERIFY, 3, 3, 2, 2)),   # 0.25 s
         step(3, 1.75, 2.0, ("A", VERIFY, 4, 1, 3, 0), ("B", VERIFY, 5, 3, 4, 2)),   # 0.25 s
     ]
@@ -54,11 +55,13 @@ def spec_output():
     return GenerationOutput([a, b], steps, t_start=0.0, t_end=2.5)
 
 
-def test_decode_time_counts_mixed_steps_whole():
+def test_decode_time_counts_steps_with_decode_rows_whole():
     out = spec_output()
-    assert [decode_share(s) for s in out.steps] == [0.0, 1.0, 1.0, 1.0]
-    assert decode_wall_time(out.steps) == pytest.approx(1.0)
-    assert metrics.mixed_wall_time(out.steps) == pytest.approx(0.5)
+    windows = decode_windows(out.results)
+    assert windows == [(1.0, 2.0), (1.5, 2.0)]
+    assert [counts_as_decode(s, windows) for s in out.steps] == [False, True, True, True]
+    assert decode_wall_time(out.steps, out.results) == pytest.approx(1.0)
+    assert metrics.prefill_in_decode_time(out.steps, out.results) == 0.0
 
 
 def test_request_decode_times_split_each_step_by_tokens_and_add_up():
@@ -67,22 +70,33 @@ def test_request_decode_times_split_each_step_by_tokens_and_add_up():
     # A: all of step 1, 4/7 of step 2, 4/9 of step 3; B: 3/7 and 5/9.
     assert t["A"] == (7, pytest.approx(0.5 + 0.25 * 4 / 7 + 0.25 * 4 / 9))
     assert t["B"] == (6, pytest.approx(0.25 * 3 / 7 + 0.25 * 5 / 9))
-    assert sum(sec for _, sec in t.values()) == pytest.approx(decode_wall_time(out.steps))
+    assert sum(sec for _, sec in t.values()) == pytest.approx(decode_wall_time(out.steps, out.results))
+
+
+def interleaved_output():
+    """X decodes one token per 10 ms step; between its steps, Y's prompt prefills in 100 ms chunks;
+    Y's last chunk (its first token) comes after X finished."""
+    steps, times, t = [], [0.0], 0.0
+    for i in range(10):
+        steps.append(step(2 * i, t, t + 0.1, ("Y", PREFILL, 1024, 0)))
+        steps.append(step(2 * i + 1, t + 0.1, t + 0.11, ("X", DECODE, 1, 1)))
+        t += 0.11
+        times.append(t)
+    steps.append(step(20, t, t + 0.1, ("Y", PREFILL, 1024, 1)))
+    x = RequestResult("X", list(range(11)), "length", token_times=times, t_arrival=0.0, t_prefill_start=0.0)
+    y = RequestResult("Y", [7], "length", token_times=[t + 0.1], t_arrival=0.0, t_prefill_start=0.0)
+    return GenerationOutput([x, y], steps, 0.0, t + 0.1)
 
 
 def test_decode_tok_s_cannot_exceed_what_tpot_implies_with_interleaved_prefill():
-    """One request decodes while another's 1024-token prefill chunks share its steps (the case where
-    charging by tokens gave the decode row ~1/1025 of each step)."""
-    steps, times = [], [0.0]
-    for i in range(10):  # 10 steps of 0.1 s: X decodes 1 token, Y prefills 1024 tokens
-        steps.append(step(i, i * 0.1, (i + 1) * 0.1, ("X", DECODE, 1, 1), ("Y", PREFILL, 1024, 0)))
-        times.append((i + 1) * 0.1)
-    x = RequestResult("X", list(range(11)), "length", token_times=times, t_arrival=0.0, t_prefill_start=0.0)
-    out = GenerationOutput([x], steps, 0.0, 1.0)
-    tpot = request_latency(x).tpot_s
-    assert tpot == pytest.approx(0.1)
-    assert metrics.decode_tok_s(out) == pytest.approx(1 / tpot)  # batch of one decoding request
-    assert metrics.decode_tok_s(out) <= 1 / tpot + 1e-9
+    out = interleaved_output()
+    tpot = request_latency(out.results[0]).tpot_s
+    assert tpot == pytest.approx(0.11)
+    # Y's chunks inside X's decode window stall X: they count (10 x 0.1 s); Y's last chunk does not.
+    assert decode_wall_time(out.steps, out.results) == pytest.approx(1.1)
+    assert metrics.prefill_in_decode_time(out.steps, out.results) == pytest.approx(1.0)
+    assert metrics.decode_tok_s(out) == pytest.approx(1 / tpot)  # one decoding request: exactly 1/TPOT
+    assert metrics.request_decode_times(out)["X"] == (10, pytest.approx(1.1))
 
 
 def test_decode_throughput_excludes_prefill_and_first_tokens():
@@ -186,7 +200,7 @@ def test_aggregate_spec_run():
            "B": parity([9] * 7, [9] * 6 + [8], [1.0] * 6 + [0.002])}
     agg = aggregate(out, scores=scores, parity=par, prompt_lens={"A": 100, "B": 6}, percentiles=(50, 90, 99.9))
     assert agg["n_requests"] == 2 and agg["output_tokens"] == 15 and agg["generated_tokens"] == 13
-    assert agg["decode_wall_s"] == pytest.approx(1.0) and agg["mixed_wall_s"] == pytest.approx(0.5)
+    assert agg["decode_wall_s"] == pytest.approx(1.0) and agg["prefill_in_decode_s"] == 0.0
     assert agg["decode_tok_s"] == pytest.approx(13 / 1.0)
     assert agg["request_throughput"] == pytest.approx(2 / 2.5)
     assert agg["total_token_throughput"] == pytest.approx((106 + 15) / 2.5)

@@ -216,14 +216,14 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
 
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
-    """c and v(0..G) at the cell's context and batch, G the longest draft any row verified."""
+    """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
     drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
     kinds = {DRAFT_KIND[r.decoder] for r in rows if r.decoder in DRAFT_KIND}
     if not drafted or not kinds:
         return None
     context, _ = parse_bucket(cell.context_len)
     return measure_cell(engine, context, cell.batch_size, max(max(drafted), 1), STEP_COST_REPEATS,
-                        kinds=("ar", "verify", *sorted(kinds)))
+                        kinds=("ar", "verify", *sorted(kinds)), gammas=set(drafted))
 
 
 def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:

@@ -46,38 +46,51 @@ def summarize_repeats(values: Sequence[float]) -> dict[str, float]:
 # --- throughput -------------------------------------------------------------------------------
 
 
-def decode_share(step: StepTrace) -> float:
-    """1 when a step counts as decode time, else 0: a step counts when it has any non-prefill row.
-
-    A mixed step (a decode row sharing the forward with another request's prefill chunk) counts
-    whole: the decode row waited for the whole step, so its TPOT includes it. Charging it a share in
-    proportion to tokens would let decode tok/s exceed what TPOT implies (docs/metrics.md#throughput).
-    """
-    return 1.0 if any(r.kind != PREFILL for r in step.rows) else 0.0
+def decode_windows(results: Iterable[RequestResult]) -> list[tuple[float, float]]:
+    """Each request's decode window: from its first token to its last (requests with >= 2 tokens)."""
+    return [(r.token_times[0], r.token_times[-1]) for r in results if len(r.token_times) > 1]
 
 
-def decode_wall_time(steps: Iterable[StepTrace]) -> float:
-    return sum(s.wall * decode_share(s) for s in steps)
+def counts_as_decode(step: StepTrace, windows: Sequence[tuple[float, float]]) -> bool:
+    """A step is decode time when it carries a decode/draft/verify row, or when it lies inside some
+    request's decode window: a prefill step run while other requests decode stalls them, and their
+    TPOT includes it, so decode tok/s must too (docs/metrics.md#throughput)."""
+    if any(r.kind != PREFILL for r in step.rows):
+        return True
+    return any(a <= step.t_start and step.t_end <= b for a, b in windows)
 
 
-def mixed_wall_time(steps: Iterable[StepTrace]) -> float:
-    """Wall time of decode steps that also carried a prefill chunk (reported apart)."""
-    return sum(s.wall for s in steps if decode_share(s) and any(r.kind == PREFILL for r in s.rows))
+def decode_wall_time(steps: Iterable[StepTrace], results: Iterable[RequestResult] = ()) -> float:
+    windows = decode_windows(results)
+    return sum(s.wall for s in steps if counts_as_decode(s, windows))
+
+
+def prefill_in_decode_time(steps: Iterable[StepTrace], results: Iterable[RequestResult]) -> float:
+    """The part of decode wall spent in prefill-only steps (other requests' prompts), reported apart."""
+    windows = decode_windows(results)
+    return sum(s.wall for s in steps if all(r.kind == PREFILL for r in s.rows) and counts_as_decode(s, windows))
 
 
 def request_decode_times(output: GenerationOutput) -> dict[str, tuple[int, float]]:
     """request id -> (generated tokens, decode seconds charged to it).
 
-    Each decode step's wall time is split among its non-prefill rows in proportion to the tokens each
-    put through the forward, so the charges add up to decode_wall_time: the throughput of any subset
-    of requests is (their tokens) / (their charged time). The bootstrap intervals resample these.
+    A step with decode/draft/verify rows is split among those rows in proportion to the tokens each
+    put through the forward; a prefill-only step inside decode windows is split equally among the
+    requests whose window holds it. The charges add up to decode_wall_time, so the throughput of any
+    subset of requests is (their tokens) / (their charged time). The bootstrap intervals resample these.
     """
     charged: dict[str, float] = {r.id: 0.0 for r in output.results}
+    spans = {r.id: (r.token_times[0], r.token_times[-1]) for r in output.results if len(r.token_times) > 1}
     for s in output.steps:
         rows = [r for r in s.rows if r.kind != PREFILL]
-        n = sum(r.n_tokens for r in rows)
-        for r in rows:
-            charged[r.request] = charged.get(r.request, 0.0) + s.wall * r.n_tokens / n
+        if rows:
+            n = sum(r.n_tokens for r in rows)
+            for r in rows:
+                charged[r.request] = charged.get(r.request, 0.0) + s.wall * r.n_tokens / n
+            continue
+        stalled = [rid for rid, (a, b) in spans.items() if a <= s.t_start and s.t_end <= b]
+        for rid in stalled:
+            charged[rid] += s.wall / len(stalled)
     return {r.id: (max(len(r.output_ids) - 1, 0), charged[r.id]) for r in output.results}
 
 
@@ -87,7 +100,7 @@ def generated_tokens(results: Iterable[RequestResult]) -> int:
 
 
 def decode_tok_s(output: GenerationOutput) -> float | None:
-    wall = decode_wall_time(output.steps)
+    wall = decode_wall_time(output.steps, output.results)
     return generated_tokens(output.results) / wall if wall > 0 else None
 
 
@@ -259,8 +272,8 @@ def aggregate(
         "generated_tokens": generated_tokens(results),
         "n_steps": len(output.steps),
         "total_wall_s": duration,
-        "decode_wall_s": decode_wall_time(output.steps),
-        "mixed_wall_s": mixed_wall_time(output.steps),
+        "decode_wall_s": decode_wall_time(output.steps, results),
+        "prefill_in_decode_s": prefill_in_decode_time(output.steps, results),
         "decode_tok_s": decode_tok_s(output),
         "e2e_tok_s": e2e_tok_s(output),
         "request_throughput": len(results) / duration if duration > 0 else None,

@@ -112,9 +112,10 @@ def sync_for(engine: Engine):
 
 
 def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: int, seed: int = 0,
-                 kinds=KINDS, cell_hook=None) -> dict:
-    """ms per forward of each kind, c per draft kind (c_aspire, c_window, c_vegas) and v_by_gamma
-    (0..gamma) for one (context, batch). cell_hook(cell, res) runs before the slots are freed."""
+                 kinds=KINDS, cell_hook=None, gammas=None) -> dict:
+    """ms per forward of each kind, c per draft kind (c_aspire, c_window, c_vegas) and v_by_gamma for
+    one (context, batch): at 0..gamma, or at 0, the given gammas and gamma when gammas is given.
+    cell_hook(cell, res) runs before the slots are freed."""
     sync = sync_for(engine)
     cell = Cell(engine, context, batch, gamma, seed)
     try:
@@ -126,7 +127,8 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
         res["v"] = res["ms"]["verify"] / ar
-        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in range(1, gamma)}
+        todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
+        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in todo}
         verify_ms[gamma] = res["ms"]["verify"]
         res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
         res["kv_positions_per_row"] = {k: v for k, v in cell.kv_positions.items() if k in kinds}

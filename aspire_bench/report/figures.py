@@ -144,7 +144,7 @@ def summarize(repeats: Sequence[RunRecord], refs: Mapping[int, list[RunRecord]])
     ar_runs = refs.get(first.run_id, [])
     out["speedup"] = speedup(out.get("decode_tok_s"), ar_runs)
     out["speedup_ci95"] = speedup_ci(first, ar_runs[0]) if ar_runs and first.run_id != ar_runs[0].run_id else None
-    out["unequal_work"] = unequal_work(first) or any(unequal_work(a) for a in ar_runs)
+    out["unequal_work"] = decoder_name(first.config) != AR and (unequal_work(first) or any(map(unequal_work, ar_runs)))
     out["n_runs"] = len(repeats)
     return out
 
