@@ -118,7 +118,7 @@ def test_leaderboard_shows_intervals_and_unequal_work(random_tiny, tmp_path):
                 temperature=1.0, warmup=False)
     for equal, group in ((True, "eq"), (False, "uneq")):
         for dec in ("ar", "magicdec"):
-            run(RunConfig(**base, decoder=dec, equal_work=equal, tag=group), store=str(tmp_path / "r.db"),
+            run(RunConfig(**base, decoder=dec, equal_work=equal), store=str(tmp_path / "r.db"),
                 group=group, show_progress=False)
     lb = leaderboard.build(leaderboard.load_runs(tmp_path / "r.db"))
     rows = {(r.group, r.decoder): r for b in lb.boards for r in b.rows}
