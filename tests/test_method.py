@@ -62,8 +62,8 @@ def test_bench_and_sweep_measure_the_same_cell_alike(random_tiny, tmp_path, fake
 
 
 def test_sampled_run_does_equal_work_unless_opted_out(random_tiny):
-    base = dict(model=str(random_tiny), task="needle", context_len="1k", limit=2, batch_size=2, max_new_tokens=12,
-                temperature=1.0, seed=1, warmup=False)
+    base = {"model": str(random_tiny), "task": "needle", "context_len": "1k", "limit": 2, "batch_size": 2,
+            "max_new_tokens": 12, "temperature": 1.0, "seed": 1, "warmup": False}
     eos = 0  # random_tiny's EOS id
     equal = run(RunConfig(**base), show_progress=False).record
     assert all(len(r.output_ids) == 12 and r.finish_reason == "length" for r in equal.requests)
@@ -114,8 +114,8 @@ def test_decode_tok_s_respects_tpot_with_interleaved_prefill(random_tiny):
 def test_leaderboard_shows_intervals_and_unequal_work(random_tiny, tmp_path):
     from aspire_bench.report import leaderboard
     from aspire_bench.report.pages import board_table
-    base = dict(model=str(random_tiny), task="needle", context_len="1k", limit=3, batch_size=3, max_new_tokens=8,
-                temperature=1.0, warmup=False)
+    base = {"model": str(random_tiny), "task": "needle", "context_len": "1k", "limit": 3, "batch_size": 3,
+            "max_new_tokens": 8, "temperature": 1.0, "warmup": False}
     for equal, group in ((True, "eq"), (False, "uneq")):
         for dec in ("ar", "magicdec"):
             run(RunConfig(**base, decoder=dec, equal_work=equal), store=str(tmp_path / "r.db"),

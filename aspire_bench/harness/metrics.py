@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-import random
 from dataclasses import dataclass
 
 from aspire_bench.decoders.base import PREFILL, GenerationOutput, RequestResult, StepTrace

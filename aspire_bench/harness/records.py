@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -246,7 +247,7 @@ def vllm_result(record: RunRecord, percentiles=metrics.DEFAULT_PERCENTILES) -> d
         "input_lens": [r.prompt_len for r in record.requests],
         "output_lens": [len(r.output_ids) for r in record.requests],
         "ttfts": [r.figures.get("ttft_s") for r in record.requests],
-        "itls": [[b - a_ for a_, b in _pairwise(_commit_times(r.token_times))] for r in record.requests],
+        "itls": [[b - a_ for a_, b in itertools.pairwise(_commit_times(r.token_times))] for r in record.requests],
         "generated_texts": [r.text for r in record.requests],
         "errors": ["" for _ in record.requests],
     }
@@ -262,7 +263,3 @@ def vllm_result(record: RunRecord, percentiles=metrics.DEFAULT_PERCENTILES) -> d
 
 def _commit_times(times: list[float]) -> list[float]:
     return [t for i, t in enumerate(times) if i == 0 or t != times[i - 1]]
-
-
-def _pairwise(xs):
-    return zip(xs, xs[1:])
