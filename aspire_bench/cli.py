@@ -49,6 +49,33 @@ def decoder_options(f):
     return f
 
 
+def parse_percentiles(spec: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        qs = ()
+    if not qs or any(not 0 <= q <= 100 for q in qs):
+        raise UserError(f"--percentiles {spec!r} must be comma-separated numbers in 0..100, such as 50,90,99")
+    return tuple(int(q) if q == int(q) else q for q in qs)
+
+
+def measure_options(f):
+    for opt in reversed([
+        click.option("--percentiles", default="50,90,99", show_default=True,
+                     help="Latency percentiles reported (besides mean and median)."),
+        click.option("--save-result", "save_result", default=None, type=click.Path(path_type=Path),
+                     help="Also write a JSON result named as vLLM's `bench serve --save-result` does."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
 class Main(click.Group):
     def invoke(self, ctx):
         try:
@@ -137,19 +164,28 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 @click.option("--tag", default=None, help="Free label stored with the run.")
 @click.option("--group", default=None, envvar="ASPIRE_BENCH_GROUP",
               help="Runs measured side by side share a group; speedups over AR are taken within it.")
+@click.option("--unequal-work", is_flag=True,
+              help="Under sampling, stop requests at EOS (default: generate exactly --max-new-tokens, so "
+                   "every decoder does the same work); the group's speedups are marked 'unequal work'.")
+@click.option("--tune", is_flag=True, help="magicdec / vegas: choose gamma on separate tuning requests first.")
+@measure_options
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
-                store, tag, group):
+                store, tag, group, unequal_work, tune, percentiles, save_result):
     """Run a decoder on a task, print a summary and store the run."""
+    from .harness.records import vllm_result
     from .harness.runner import RunConfig, run
     from .harness.tables import print_summary
+    qs = parse_percentiles(percentiles)
     cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, parity_tolerance=parity_tolerance, dtype=dtype, device=device,
-                    attention_backend=attention_backend)
-    result = run(cfg, store=store, tag=tag, group=group)
-    print_summary([result.record], title=f"{task} on {model}")
+                    attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
+    result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
+    print_summary([result.record], title=f"{task} on {model}", percentiles=qs)
+    if save_result:
+        write_json(save_result, vllm_result(result.record, qs))
     click.echo(f"stored run {result.run_id} in {store}")
 
 
@@ -183,30 +219,46 @@ def demo_command(store, out, contexts, max_new_tokens):
               help="Sampling settings, each run on the same prefilled requests: greedy (parity is checked), "
                    "paper (temperature 0.7, top-k 50, top-p 0.9, the ASPIRE paper's), or temperature:top_k:top_p.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--limit", default=None, type=int, help="Requests per cell (default: the batch size).")
+@click.option("--limit", default=None, type=int,
+              help="Requests per cell (default: 16 or the batch size, whichever is larger).")
+@click.option("--no-tune", is_flag=True, help="Skip tuning the baselines' gamma (no tuned rows).")
+@click.option("--no-bound", is_flag=True, help="Skip measuring step costs (no bound share).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
+@measure_options
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, sampling, seed, limit, store, json_out, parity_tolerance):
-    """Decoders side by side on the same requests: tok/s, ratios, acceptance, parity, bandwidth."""
+                  max_new_tokens, sampling, seed, limit, no_tune, no_bound, store, json_out, parity_tolerance,
+                  percentiles, save_result):
+    """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
     from rich.console import Console
 
+    from .decoders import decoder_names
     from .harness.bench import bench, bench_table, parse_sampling
+    from .harness.records import vllm_result
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
         samplings = [parse_sampling(x) for x in split(sampling)]
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sampling") from None
-    rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
+    unknown = [d for d in split(decoders) if d not in decoder_names()]
+    if unknown:
+        raise UserError(f"unknown decoder(s) {', '.join(unknown)} in --decoders: choose from {', '.join(decoder_names())}")
+    qs = parse_percentiles(percentiles)
+    try:
+        batches = [int(b) for b in split(batch_sizes)]
+    except ValueError:
+        raise UserError(f"--batch-sizes {batch_sizes!r} must be comma-separated integers") from None
+    rows, bw = bench(model, task, split(contexts), batches, split(decoders), repeat,
                      max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend,
-                     parity_tolerance=parity_tolerance)
+                     tune=not no_tune, percentiles=qs, bound=not no_bound, parity_tolerance=parity_tolerance)
     Console().print(bench_table(rows, bw))
     if json_out:
-        json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
-                                         "decoder": r.record.config["decoder"], "run_id": r.record.run_id,
-                                         **r.record.aggregates} for r in rows], indent=1))
+        write_json(json_out, [r.to_json() for r in rows])
+    if save_result:
+        write_json(save_result, [{**vllm_result(r.record, qs), "context": r.context, "sampling": r.sampling,
+                                  "tuned": r.tuned} for r in rows])
     click.echo(f"stored {len(rows)} runs in {store}")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -46,14 +47,14 @@ def _as_int(value, name: str) -> int:
 class AspireLM(TemplateLM):
     """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, any
     decoder setting (gamma=4, ...), dtype, device, batch_size, max_length, max_gen_toks, store, parity,
-    parity_tolerance, tag, seed, attention_backend, add_bos_token."""
+    parity_tolerance, tag, seed, attention_backend, add_bos_token, equal_work."""
 
     def __init__(self, pretrained: str = "tiny", decoder: str = "ar", dtype: str = "float32", device: str = "cpu",
                  batch_size: int | str = 8, max_length: int | None = None, max_gen_toks: int = 256,
                  store: str | None = None, parity: bool = False, parity_tolerance: float | None = None,
                  tag: str | None = None, seed: int = 0,
                  attention_backend: str = "auto", add_bos_token: bool | None = None, max_batch_size=None,
-                 trust_remote_code=None, **decoder_args):
+                 trust_remote_code=None, equal_work: bool = True, **decoder_args):
         # max_batch_size / trust_remote_code: lm-eval passes them to every model; they mean nothing here.
         super().__init__()
         from .harness.parity import check_tolerance
@@ -80,6 +81,7 @@ class AspireLM(TemplateLM):
         if self.parity_tolerance is not None and not self.parity:
             raise ConfigError("parity_tolerance applies to the parity comparison: add parity=true")
         self.add_bos_token = _as_bool(add_bos_token)
+        self.equal_work = bool(_as_bool(equal_work))
         self.group = new_group_id()  # the runs one lm-eval invocation records share a group
 
         self.engine = load_engine(self.pretrained, self.dtype, str(device), self.attention_backend)
@@ -340,13 +342,20 @@ class AspireLM(TemplateLM):
         budget = min(self.max_length, self.engine.max_context) - max_new
         if budget < 1:
             raise ConfigError(f"max_gen_toks={max_new} leaves no room for the prompt within {self.max_length} tokens")
+        # Equal work under sampling: every request generates max_new tokens (stops and EOS ignored) so
+        # the recorded throughput compares decoders on the same work; the text is cut as if it had stopped.
+        full = self.equal_work and not params.greedy
+        if full:
+            params = replace(params, eos_token_ids=())
         reqs = []
         for n, inst in enumerate(requests):
             ids = self.tok_encode(inst.args[0], left_truncate_len=budget) or [self.prefix_token_id]
             rid = f"{getattr(inst, 'task_name', None) or 'request'}/{getattr(inst, 'doc_id', None)}#{n}"
-            reqs.append(Request(rid, ids, max_new, stop_check=self.stop_check(stops)))
+            reqs.append(Request(rid, ids, max_new, stop_check=None if full else self.stop_check(stops)))
         output = self._decode(dec, reqs, params, disable_tqdm)
-        raw = {r.id: self.tok_decode(r.output_ids) for r in output.results}
+        eos = set(self.eos_token_ids)
+        raw = {r.id: self.tok_decode(next((r.output_ids[:i] for i, t in enumerate(r.output_ids) if t in eos),
+                                          r.output_ids) if full else r.output_ids) for r in output.results}
         texts = [self.cut_at_stops(raw[r.id], stops) for r in reqs]
         if self.store is not None:
             self._record(requests, reqs, output, dict(zip((r.id for r in reqs), texts)), params, max_new)
@@ -372,7 +381,7 @@ class AspireLM(TemplateLM):
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "seed": self.seed,
             "parity": self.parity, "parity_tolerance": self.parity_tolerance, "dtype": self.dtype, "device": self.device_name,
             "attention_backend": self.attention_backend, "max_length": self.max_length,
-            "gen_kwargs": instances[0].args[1],
+            "gen_kwargs": instances[0].args[1], "equal_work": self.equal_work,
         }
         env = records.capture_environment()
         try:

@@ -43,7 +43,7 @@ def device_info() -> dict:
 
 
 def part_tiny(out: Path, contexts, repeat: int, new_tokens: int, deadline: float, device: str,
-              backend: str) -> list[dict]:
+              backend: str, limit: int | None = None) -> list[dict]:
     from rich.console import Console
 
     from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench, bench_table
@@ -53,11 +53,10 @@ def part_tiny(out: Path, contexts, repeat: int, new_tokens: int, deadline: float
             print(f"budget spent: skipping tiny-model cell {ctx}", flush=True)
             break
         rows, bw = bench("tiny", "code-completion", [ctx], [8], ["ar", "magicdec", "vegas", "aspire"], repeat, new_tokens,
-                         [Sampling(*SAMPLINGS["greedy"]), Sampling(*SAMPLINGS["paper"])], 0, None,
+                         [Sampling(*SAMPLINGS["greedy"]), Sampling(*SAMPLINGS["paper"])], 0, limit,
                          str(out / "gpu_decoders.db"), "float32", device, backend, show_progress=False)
         Console(width=200).print(bench_table(rows, bw))
-        rows_all += [{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
-                      "decoder": r.record.config["decoder"], **r.record.aggregates} for r in rows]
+        rows_all += [r.to_json() for r in rows]
         (out / "tiny_bench.json").write_text(json.dumps(rows_all, indent=1, default=str))
     return rows_all
 
@@ -106,7 +105,7 @@ def main(argv=None) -> int:
     tiny_deadline = t0 + 0.6 * a.budget_s
     status = {}
     try:
-        part_tiny(a.out, contexts, repeat, new_tokens, tiny_deadline, device, backend)
+        part_tiny(a.out, contexts, repeat, new_tokens, tiny_deadline, device, backend, 4 if a.dry_run else None)
         status["bench"] = "ok"
     except Exception as e:  # record and go on: part 2 does not depend on part 1
         status["bench"] = f"failed: {type(e).__name__}: {e}"

@@ -23,6 +23,9 @@ Rows timed (all B rows of one kind per forward, as the decoders batch them):
 KV values do not change the work of a step, so the pool is filled with random values instead of
 paying a C-token prefill per row; the model is random-init of the given shape (or a checkpoint).
 
+The measuring itself lives in aspire_bench/harness/step_costs.py (`aspire-bench bench` uses it for
+the bound column); this script adds the attention / matmul split and the tables.
+
 Usage:
   python bench/step_costs.py --shape tiny --contexts 16384,32768 --batch 8 --threads 2
   python bench/step_costs.py --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
@@ -41,11 +44,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ar_bandwidth import TimedBackend, Timers, timed_functional
 
-from aspire_bench.decoders.selection import page_budget, streaming_positions
-from aspire_bench.engine import Capture, Engine, PageView, Row, TokenView, load_model
+from aspire_bench.engine import Engine, load_model
 from aspire_bench.engine import dense as dense_module
 from aspire_bench.engine import model as model_module
 from aspire_bench.engine.loading import random_model
+from aspire_bench.harness.step_costs import KINDS, Cell, best_speedup, measure_cell, timed  # noqa: F401
 from aspire_bench.tinymodel import TINY_DIR
 
 SHAPES = {
@@ -57,7 +60,6 @@ SHAPES = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
     },
 }
-KINDS = ("weights", "ar", "aspire", "window", "verify")
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
@@ -65,65 +67,6 @@ def make_engine(shape: str, dtype: str, device: str, backend: str, seed: int, de
     # Named shapes get random weights: a step's work does not depend on them.
     model = random_model(SHAPES[shape], dtype, device, seed) if shape in SHAPES else load_model(shape, dtype, device)
     return Engine(model, None, backend, name=shape, dense_backend=dense)
-
-
-class Cell:
-    """B slots of C positions (random KV) and the rows of each kind."""
-
-    def __init__(self, engine: Engine, context: int, batch: int, gamma: int, seed: int):
-        """gamma: the longest draft a verify row checks (G)."""
-        self.engine, self.C, self.gamma = engine, context, gamma
-        ps = engine.page_size
-        per_slot = -(-(context + gamma + 1) // ps) * ps
-        engine.reserve(batch * per_slot)
-        engine.cache.k.uniform_(-2.0, 2.0)
-        engine.cache.v.uniform_(-2.0, 2.0)
-        self.slots = [engine.alloc(per_slot) for _ in range(batch)]
-        n_pages = -(-context // ps)
-        budget = page_budget(n_pages, 0.07, 32)
-        g = torch.Generator().manual_seed(seed)
-        self.pages = []
-        for _ in self.slots:  # the 8 most recent pages + random others, as select_pages returns them
-            older = torch.randperm(n_pages - 8, generator=g)[:budget - 8]
-            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - 8, n_pages))))
-        self.window = streaming_positions(context, 16, 256)
-        self.refresh = engine.cfg.num_layers - 2
-        self.kv_positions = {"weights": 0, "ar": context, "verify": context, "window": 256,
-                             "aspire": budget * ps * (engine.cfg.num_layers - 1) / engine.cfg.num_layers
-                             + context / engine.cfg.num_layers}
-
-    def rows(self, kind: str, gamma: int | None = None) -> list[Row]:
-        C, rs = self.C, []
-        gamma = self.gamma if gamma is None else gamma
-        for i, s in enumerate(self.slots):
-            s.length = C
-            if kind == "weights":
-                rs.append(Row(s, [5], 0))
-            elif kind == "ar":
-                rs.append(Row(s, [5], C))
-            elif kind == "verify":
-                rs.append(Row(s, [5] * (gamma + 1), C, logits="all"))
-            elif kind == "aspire":
-                rs.append(Row(s, [5], C, view=PageView(self.pages[i]), full_layers=frozenset({self.refresh}),
-                              capture=Capture([self.refresh], [-1])))
-            elif kind == "window":
-                rs.append(Row(s, [5], C, view=TokenView(self.window)))
-        return rs
-
-    def step(self, kind: str, gamma: int | None = None) -> None:
-        self.engine.forward(self.rows(kind, gamma))
-
-
-def timed(fn, repeats: int, sync) -> float:
-    fn()
-    sync()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def split(cell: Cell, kind: str, repeats: int) -> dict:
@@ -152,37 +95,24 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 
-def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:
-    """max over gamma of E[tokens per cycle] / (gamma c + v[gamma]), E = (1 - a^(g+1)) / (1 - a)."""
-    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + vg), g) for g, vg in sorted(v.items()))
-
-
 def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed: int) -> list[dict]:
     cuda = engine.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     out = []
     for C in contexts:
-        cell = Cell(engine, C, batch, gamma, seed)
-        res = {"context": C, "batch": batch, "gamma": gamma, "ms": {}, "split": {}}
-        for kind in KINDS:
-            res["ms"][kind] = timed(lambda k=kind: cell.step(k), repeats, sync) * 1e3
-            if not cuda:  # CPU ops are synchronous, so wall-clock wrappers split the step honestly
+        def add_split(cell, res):  # CPU ops are synchronous, so wall-clock wrappers split a step honestly
+            res["split"] = {}
+            if cuda:
+                return
+            for kind in KINDS:
                 s = split(cell, kind, repeats)
                 s["other_ms"] = res["ms"][kind] - s["attention_ms"] - s["matmul_ms"]
                 res["split"][kind] = s
+        res = measure_cell(engine, C, batch, gamma, repeats, seed, KINDS, add_split)
+        for kind in KINDS:
             print(f"  {C:>6} x{batch} {kind:8s} {res['ms'][kind]:9.2f} ms", flush=True)
-        ar = res["ms"]["ar"]
-        res["c_aspire"], res["c_window"] = res["ms"]["aspire"] / ar, res["ms"]["window"] / ar
-        res["v"] = res["ms"]["verify"] / ar
-        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in range(1, gamma)}
-        verify_ms[gamma] = res["ms"]["verify"]
-        res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
-        res["kv_positions_per_row"] = cell.kv_positions
         res["bound"] = {str(a): dict(zip(("speedup", "gamma"), best_speedup(res["c_aspire"], res["v_by_gamma"], a)))
                         for a in ACCEPTANCES}
         out.append(res)
-        for s in cell.slots:
-            engine.free(s)
     return out
 
 

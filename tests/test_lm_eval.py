@@ -103,6 +103,25 @@ def test_aspire_and_ar_generate_the_same_and_honour_stop_strings(random_tiny, tm
                                   for i, p in enumerate(prompts)]) == free
 
 
+def test_sampled_generation_does_equal_work_and_scores_text_up_to_the_stop(random_tiny, tmp_path):
+    prompts = ["Problem: find the sum of 2 and 3.\nSolution:", "def fibonacci(n):\n    "]
+    db = tmp_path / "s.db"
+    kwargs = {"until": [" "], "max_gen_toks": 10, "do_sample": True}  # a stop string that comes early
+    lm = AspireLM(pretrained=str(random_tiny), decoder="ar", batch_size=2, max_length=96, store=str(db))
+    texts = lm.generate_until([gen_request(p, kwargs, i) for i, p in enumerate(prompts)])
+    with Store(db) as st:
+        rec = st.get_run(st.list_runs()[-1]["run_id"])
+    assert rec.config["equal_work"] and all(len(r.output_ids) == 10 for r in rec.requests)  # stops ignored
+    for text, r in zip(texts, rec.requests):  # the scored text: the generation cut at the stop string
+        assert " " not in text and lm.tok_decode(r.output_ids).startswith(text)
+    early = AspireLM(pretrained=str(random_tiny), decoder="ar", batch_size=2, max_length=96, store=str(db),
+                     equal_work=False)
+    assert early.generate_until([gen_request(p, kwargs, i) for i, p in enumerate(prompts)]) == texts
+    with Store(db) as st:
+        rec = st.get_run(st.list_runs()[-1]["run_id"])
+    assert not rec.config["equal_work"] and any(len(r.output_ids) < 10 for r in rec.requests)
+
+
 def test_loglikelihood_equals_transformers(random_tiny, monkeypatch):
     from transformers import AutoModelForCausalLM
     lm = AspireLM(pretrained=str(random_tiny), batch_size=3, max_length=96)

@@ -78,26 +78,51 @@ def test_generate_command_writes_rows(random_tiny, tmp_path):
         assert isinstance(rows[0]["text"], str)
 
 
-def test_bench_smoke_table_shape(random_tiny, tmp_path):
-    """`aspire-bench bench` at tiny sizes: one row per (context, batch, sampling, decoder); parity under greedy."""
-    out = tmp_path / "bench.json"
+CONTRACT = ("settings", "tuned", "n_requests", "speedup_vs_ar", "speedup_vs_ar_ci95", "speedup_vs_best_baseline",
+             "speedup_vs_best_baseline_ci95", "bound_share")
+
+
+def test_bench_json_contract(random_tiny, tmp_path):
+    """`aspire-bench bench` at tiny sizes: default and tuned baseline rows, intervals, bound share, the
+    JSON keys of the contract; parity under greedy; the same work for every decoder."""
+    out, res = tmp_path / "bench.json", tmp_path / "result.json"
     r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k",
-                                  "--batch-sizes", "2", "--decoders", "ar,magicdec,aspire", "--repeat", "2",
-                                  "--sampling", "greedy,paper", "--max-new-tokens", "6",
-                                  "--store", str(tmp_path / "b.db"), "--json", str(out)],
-                           env={"COLUMNS": "240"})
+                                  "--batch-sizes", "2", "--limit", "4", "--decoders", "ar,magicdec,aspire",
+                                  "--repeat", "2", "--sampling", "greedy", "--max-new-tokens", "6",
+                                  "--store", str(tmp_path / "b.db"), "--json", str(out), "--save-result", str(res),
+                                  "--percentiles", "50,99"],
+                           env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
     rows = json.loads(out.read_text())
-    assert [(x["sampling"], x["decoder"]) for x in rows] == [
-        (s, d) for s in ("greedy", "paper") for d in ("ar", "magicdec", "aspire")]
-    assert all(x["decode_tok_s_min"] <= x["decode_tok_s_median"] <= x["decode_tok_s_max"] for x in rows)
-    assert rows[1]["parity_identical_pct"] == 100.0 and rows[2]["parity_identical_pct"] == 100.0
-    assert all(x.get("parity_identical_pct") is None for x in rows[3:])  # sampled runs have no parity
-    assert all(x["bytes_per_token"] > 0 and x["memory_bw_gbs"] > 0 for x in rows)
-    assert all(x["output_tokens"] == 2 * 6 for x in rows)  # EOS ignored: the same work for every decoder
-    assert "x best baseline" in r.output and "achieved GB/s" in r.output and "paper" in r.output
+    assert [(x["sampling"], x["decoder"], x["tuned"]) for x in rows] == [
+        ("greedy", d, t) for d, t in (("ar", False), ("magicdec", False), ("magicdec", True), ("aspire", False))]
+    for x in rows:
+        assert set(CONTRACT) <= set(x), sorted(set(CONTRACT) - set(x))
+        assert x["n_requests"] == 4 and x["output_tokens"] == 4 * 6  # EOS ignored: the same work
+        lo, hi = x["speedup_vs_ar_ci95"]
+        assert lo <= x["speedup_vs_ar"] <= hi
+        assert x["decode_tok_s_min"] <= x["decode_tok_s_median"] <= x["decode_tok_s_max"]
+        assert x["bytes_per_token"] > 0 and x["memory_bw_gbs"] > 0
+        if x["decoder"] == "ar":
+            assert x["speedup_vs_ar"] == pytest.approx(1.0) and x["speedup_vs_best_baseline"] is None
+            assert x["bound_share"] is None
+        else:
+            lo, hi = x["speedup_vs_best_baseline_ci95"]
+            assert lo <= x["speedup_vs_best_baseline"] <= hi
+            assert x["bound_share"] > 0 and x["allowed_speedup"] > 0
+    default, tuned = rows[1], rows[2]
+    assert default["settings"]["gamma"] == 3 and tuned["settings"]["gamma"] in (1, 2, 3, 4)
+    # "x best baseline" is over the tuned row: the tuned row's own ratio is exactly 1.
+    assert tuned["speedup_vs_best_baseline"] == pytest.approx(1.0) and rows[3]["best_baseline"].startswith("magicdec tuned")
+    assert all(x["parity_identical_pct"] == 100.0 for x in rows[1:])
+    assert all("tpot_p99_s" in x and "tpot_p90_s" not in x for x in rows)  # --percentiles 50,99
+    vllm = json.loads(res.read_text())
+    assert len(vllm) == len(rows) and vllm[0]["completed"] == 4 and "p99_tpot_ms" in vllm[0]
+    assert vllm[0]["total_output_tokens"] == 24 and vllm[0]["request_throughput"] > 0
+    for col in ("x best baseline", "bound share", "tuned", "TPOT p50 ms"):
+        assert col in r.output
     db = sqlite3.connect(tmp_path / "b.db")
-    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 6
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
 
 
 def test_bench_rejects_unknown_sampling(random_tiny):

@@ -15,7 +15,15 @@ from pathlib import Path
 from ..engine import PAGE_MAX_SUM, Capture, PageView
 from ..errors import ConfigError
 from .base import StepTrace
-from .scheduler import DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model, fit_problem, update_alpha
+from .scheduler import (
+    DEFAULT_COST,
+    CostModel,
+    RequestSchedule,
+    best_gamma,
+    fit_cost_model,
+    fit_problem,
+    update_alpha,
+)
 from .selection import page_budget, select_pages
 from .speculative import SpeculativeDecoder
 
@@ -77,7 +85,13 @@ class AspireDecoder(SpeculativeDecoder):
             return replace(DEFAULT_COST, source="none")
         if self.calibration == "online":
             return DEFAULT_COST
-        from .calibration import CALIBRATION_CONTEXT, calibrate, calibration_path, cost_model_from, save_calibration
+        from .calibration import (
+            CALIBRATION_CONTEXT,
+            calibrate,
+            calibration_path,
+            cost_model_from,
+            save_calibration,
+        )
         if self.calibration == "auto":
             path = calibration_path(engine, batch_size)
             if not path.exists():

@@ -1,8 +1,11 @@
 """`aspire-bench bench`: decoders side by side on the same requests, in one process.
 
-Per (context, batch size, sampling) cell: one group; every decoder runs the same requests with a
-warm-up and R measured repeats (median stored), each request generating exactly max_new_tokens
-(EOS ignored, as throughput benchmarks do, so every decoder does the same work under sampling too).
+Per (context, batch size, sampling) cell: one group; every decoder runs the same requests (at least
+MIN_REQUESTS) with a warm-up and R measured repeats, repeat i with sampling seed seed + i and the
+decoders in an order rotated by i, each request generating exactly max_new_tokens (EOS ignored, as
+throughput benchmarks do, so every decoder does the same work under sampling too). Tunable baselines
+get a second, tuned row (tuning.py). Ratios carry bootstrap intervals over requests x repeats; the
+cell's step costs give each speculative row its bound share (docs/metrics.md).
 The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
 prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
@@ -12,20 +15,28 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..errors import ConfigError
+from ..tasks.buckets import parse_bucket
 from . import metrics, records
 from .parity import check_tolerance, compare_runs, resolve_tolerance
 from .parity import summarize as summarize_parity
-from .runner import RunConfig, load_engine, run
+from .runner import RunConfig, finish, load_engine, measure_repeat, prepare
+from .step_costs import DRAFT_KIND, measure_cell
 from .store import Store
+from .tuning import TUNE_GRIDS
 
 DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
 BASELINES = ("magicdec", "vegas")
 # Named sampling settings: greedy is the parity setting, "paper" the ASPIRE paper's sampling setting.
 SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (0.7, 50, 0.9)}
+# Requests per cell by default: more than one batch, so continuous batching refills slots and the
+# intervals sample prompts, not only timing noise.
+MIN_REQUESTS = 16
+STEP_COST_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -91,14 +102,43 @@ class BenchRow:
     batch_size: int
     sampling: str
     record: records.RunRecord
+    tuned: bool = False
+    figures: dict = field(default_factory=dict)  # ratios, intervals, bound share (see derive_figures)
+
+    @property
+    def decoder(self) -> str:
+        return self.record.config["decoder"]
+
+    @property
+    def settings(self) -> dict:
+        """The decoder settings actually used (tuned gamma included)."""
+        return {k: v for k, v in self.record.info.items() if k not in records.INFO_NOT_SETTINGS}
+
+    @property
+    def label(self) -> str:
+        g = self.settings.get("gamma")
+        return self.decoder + (" tuned" if self.tuned else "") + (f" γ={g}" if g is not None and
+                                                                   self.decoder in TUNE_GRIDS else "")
+
+    def to_json(self) -> dict:
+        """One row of `bench --json` (the contract: docs/metrics.md#bench-json)."""
+        return {"context": self.context, "batch_size": self.batch_size, "sampling": self.sampling,
+                "decoder": self.decoder, "run_id": self.record.run_id, **self.record.aggregates,
+                "settings": self.settings, "tuned": self.tuned, "n_requests": self.record.aggregates["n_requests"],
+                **self.figures}
 
 
 def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "16k", "32k"), batch_sizes=(1, 8),
           decoders=DECODERS, repeat: int = 3, max_new_tokens: int = 128,
           samplings=(Sampling(*SAMPLINGS["greedy"]),), seed: int = 0, limit: int | None = None, store: str | None = None,
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
-          show_progress: bool = True, parity_tolerance: float | None = None) -> tuple[list[BenchRow], float]:
+          show_progress: bool = True, tune: bool = True, percentiles=metrics.DEFAULT_PERCENTILES,
+          bound: bool = True, parity_tolerance: float | None = None) -> tuple[list[BenchRow], float]:
+    """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
+    bound: measure the step costs of each cell for bound_share."""
     check_tolerance(parity_tolerance)
+    if repeat < 1:
+        raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)
     tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
@@ -122,65 +162,162 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
             for bs in batch_sizes:
                 # Every setting of a cell reuses the prefix cache: each prompt is prefilled once.
                 for smp in samplings:
-                    cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or bs,
+                    cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or max(MIN_REQUESTS, bs),
                                    temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
-                    rows += [BenchRow(ctx, bs, smp.name, rec) for rec in
-                             _cell(engine, cell, decoders, store, show_progress, add_bandwidth, tolerance)]
+                    cell_rows = _cell(engine, cell, decoders, tune, show_progress, percentiles, tolerance)
+                    for r in cell_rows:
+                        r.context, r.sampling = ctx, smp.name
+                        add_bandwidth(r.record)
+                    costs = _step_costs(engine, cell, cell_rows) if bound else None
+                    derive_figures(cell_rows, costs)
+                    if store is not None:
+                        with Store(store) as st:
+                            for r in cell_rows:
+                                st.save_run(r.record)
+                    rows += cell_rows
     finally:
         engine.prefix_cache = None
     return rows, bandwidth
 
 
-def _cell(engine, cell: RunConfig, decoders, store: str | None, show_progress: bool,
-          add_bandwidth, tolerance: float) -> list[records.RunRecord]:
-    """Every decoder on one cell's requests, as one group; parity against the cell's AR run under greedy."""
+def _entries(decoders, tune: bool) -> list[tuple[str, bool]]:
+    """(decoder, tuned) in run order: each tunable baseline's tuned row right after its default row."""
+    out = []
+    for d in decoders:
+        out.append((d, False))
+        if tune and d in TUNE_GRIDS:
+            out.append((d, True))
+    return out
+
+
+def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, percentiles,
+          tolerance: float) -> list[BenchRow]:
+    """Every decoder on one cell's requests, as one group. Repeat i runs the decoders in an order rotated
+    by i (drift on a shared machine falls on each in turn) with sampling seed seed + i. Greedy rows get
+    parity against the cell's AR run."""
     group = records.new_group_id()
-    ar, recs = None, []
-    for dec in decoders:
-        rec = run(replace(cell, decoder=dec), group=group, sweep="bench", engine=engine,
-                  show_progress=show_progress).record
-        if dec == "ar":
-            ar = rec
-        elif ar is not None and cell.temperature == 0:
-            add_parity(rec, ar, tolerance)
-        add_bandwidth(rec)
-        if store is not None:
-            with Store(store) as st:
-                st.save_run(rec)
-        recs.append(rec)
-    return recs
+    entries = _entries(decoders, tune)
+    prepared = {e: prepare(replace(cell, decoder=e[0], tune=e[1]), engine, show_progress) for e in entries}
+    outputs = {e: [] for e in entries}
+    for i in range(cell.repeat):
+        k = i % len(entries)
+        for e in entries[k:] + entries[:k]:
+            outputs[e].append(measure_repeat(prepared[e], i, show_progress))
+    rows = []
+    for e in entries:
+        rec = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
+                     percentiles=percentiles).record
+        rec.info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
+        rows.append(BenchRow(cell.context_len, cell.batch_size, "", rec, tuned=e[1]))
+    ar = next((r.record for r in rows if r.decoder == "ar"), None)
+    if ar is not None and cell.temperature == 0:
+        for r in rows:
+            if r.decoder != "ar":
+                add_parity(r.record, ar, tolerance)
+    return rows
+
+
+def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
+    """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
+    drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
+    kinds = {DRAFT_KIND[r.decoder] for r in rows if r.decoder in DRAFT_KIND}
+    if not drafted or not kinds:
+        return None
+    context, _ = parse_bucket(cell.context_len)
+    return measure_cell(engine, context, cell.batch_size, max(max(drafted), 1), STEP_COST_REPEATS,
+                        kinds=("ar", "verify", *sorted(kinds)), gammas=set(drafted))
+
+
+def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
+    """speedup_vs_ar (+ _ci95), speedup_vs_best_baseline (+ _ci95) and bound_share per row of one cell.
+
+    Ratios pool every request of every repeat: (Σ tokens / Σ decode seconds) of the row over the same
+    of the reference; intervals resample (request, repeat) pairs (metrics.ratio_ci). The best baseline is
+    the baseline row (tuned rows when there are any) with the highest speedup over AR."""
+    samples = {id(r): _samples(r.record) for r in rows}
+    ar = next((r for r in rows if r.decoder == "ar"), None)
+    for r in rows:
+        f = r.figures
+        f["speedup_vs_ar"] = f["speedup_vs_ar_ci95"] = None
+        if ar is not None:
+            f["speedup_vs_ar"] = metrics.ratio(samples[id(r)], samples[id(ar)])
+            f["speedup_vs_ar_ci95"] = _ci(samples[id(r)], samples[id(ar)])
+    baselines = [r for r in rows if r.decoder in BASELINES]
+    if any(r.tuned for r in baselines):
+        baselines = [r for r in baselines if r.tuned]
+    best = max(baselines, key=lambda r: metrics.ratio(samples[id(r)], samples[id(ar or r)]) or 0.0, default=None)
+    for r in rows:
+        f = r.figures
+        spec = r.decoder != "ar"
+        f["best_baseline"] = best.label if best is not None and spec else None
+        f["speedup_vs_best_baseline"] = f["speedup_vs_best_baseline_ci95"] = None
+        if spec and best is not None:
+            f["speedup_vs_best_baseline"] = metrics.ratio(samples[id(r)], samples[id(best)])
+            f["speedup_vs_best_baseline_ci95"] = _ci(samples[id(r)], samples[id(best)])
+        f["allowed_speedup"] = f["bound_share"] = None
+        if spec and costs is not None and r.decoder in DRAFT_KIND:
+            allowed = metrics.allowed_speedup([tuple(v) for v in r.record.info.get("verifications", [])],
+                                              costs[f"c_{DRAFT_KIND[r.decoder]}"], costs["v_by_gamma"])
+            f["allowed_speedup"] = allowed
+            if allowed and f["speedup_vs_ar"] is not None:
+                f["bound_share"] = f["speedup_vs_ar"] / allowed
+        # Stored with the run too (flat numbers), so the leaderboard can show them.
+        for k, v in f.items():
+            if isinstance(v, (list, tuple)):
+                r.record.aggregates[f"{k}_low"], r.record.aggregates[f"{k}_high"] = v
+            elif v is None or isinstance(v, (int, float)):
+                r.record.aggregates[k] = v
+    if costs is not None:
+        for r in rows:
+            r.record.info["step_costs"] = costs
+
+
+def _samples(rec: records.RunRecord) -> dict:
+    return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.info.get("decode_samples", [])}
+
+
+def _ci(num: dict, den: dict) -> list[float] | None:
+    ci = metrics.ratio_ci(num, den)
+    return list(ci) if ci is not None else None
+
+
+def _fmt_ratio(x, ci) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{x:.2f}"
+
+
+def _ms(a: dict, key: str) -> str:
+    return f"{a[key] * 1e3:,.1f}" if a.get(key) is not None else "—"
 
 
 def bench_table(rows: list[BenchRow], bandwidth: float):
     from rich.table import Table
-    t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s)")
-    for col in ("context", "batch", "sampling", "decoder", "decode tok/s (min-max)", "x AR", "x best baseline",
-                "accepted len (req min-max)", "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
+    t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s); "
+                    "[95% bootstrap interval over requests x repeats]")
+    for col in ("context", "batch", "sampling", "decoder", "requests", "decode tok/s (repeat min-max)", "x AR",
+                "x best baseline", "bound share", "accepted len (req min-max)", "TPOT p50 ms", "ITL p50 ms",
+                "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
         t.add_column(col, justify="left" if col in ("context", "sampling", "decoder") else "right")
-    cells: dict[tuple, list[BenchRow]] = {}
     for r in rows:
-        cells.setdefault((r.context, r.batch_size, r.sampling), []).append(r)
-    for (ctx, bs, smp), rs in cells.items():
-        speed = {r.record.config["decoder"]: r.record.aggregates.get("decode_tok_s_median") for r in rs}
-        ar = speed.get("ar")
-        base = max((speed[b] for b in BASELINES if speed.get(b)), default=None)
-        for r in rs:
-            a, dec = r.record.aggregates, r.record.config["decoder"]
-            tok = a.get("decode_tok_s_median")
-            d4 = a.get("distinct4_mean")
-            collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
-            t.add_row(
-                ctx, str(bs), smp, dec,
-                f"{tok:,.1f} ({a['decode_tok_s_min']:,.0f}-{a['decode_tok_s_max']:,.0f})" if tok else "—",
-                f"{tok / ar:.2f}" if tok and ar else "—",
-                f"{tok / base:.2f}" if tok and base and dec not in BASELINES else "—",
-                (f"{a['mean_accepted_len']:.2f} ({a['req_accepted_len_p0']:.1f}-{a['req_accepted_len_p100']:.1f})"
-                 if a.get("req_accepted_len_p0") is not None else f"{a['mean_accepted_len']:.2f}")
-                if a.get("mean_accepted_len") else "—",
-                f"{a['parity_identical_pct']:.0f}" if a.get("parity_identical_pct") is not None else "—",
-                (f"{d4:.2f}" + (" COLLAPSED" if collapsed else "")) if d4 is not None else "—",
-                f"{a['bytes_per_token'] / 1e6:.1f} MB" if a.get("bytes_per_token") else "—",
-                f"{a['achieved_bw_gbs']:.1f} ({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})"
-                if a.get("achieved_bw_gbs") else "—",
-            )
+        a, f = r.record.aggregates, r.figures
+        tok = a.get("decode_tok_s_median")
+        d4 = a.get("distinct4_mean")
+        collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
+        t.add_row(
+            r.context, str(r.batch_size), r.sampling, r.label, f"{a['n_requests']}x{a.get('repeats', 1)}",
+            f"{tok:,.1f} ({a['decode_tok_s_min']:,.0f}-{a['decode_tok_s_max']:,.0f})" if tok else "—",
+            _fmt_ratio(f.get("speedup_vs_ar"), f.get("speedup_vs_ar_ci95")) if r.decoder != "ar" else "1",
+            _fmt_ratio(f.get("speedup_vs_best_baseline"), f.get("speedup_vs_best_baseline_ci95")),
+            f"{f['bound_share']:.0%} of {f['allowed_speedup']:.2f}x" if f.get("bound_share") is not None else "—",
+            (f"{a['mean_accepted_len']:.2f} ({a['req_accepted_len_p0']:.1f}-{a['req_accepted_len_p100']:.1f})"
+             if a.get("req_accepted_len_p0") is not None else f"{a['mean_accepted_len']:.2f}")
+            if a.get("mean_accepted_len") else "—",
+            _ms(a, "tpot_p50_s"), _ms(a, "itl_p50_s"),
+            f"{a['parity_identical_pct']:.0f}" if a.get("parity_identical_pct") is not None else "—",
+            (f"{d4:.2f}" + (" COLLAPSED" if collapsed else "")) if d4 is not None else "—",
+            f"{a['bytes_per_token'] / 1e6:.1f} MB" if a.get("bytes_per_token") else "—",
+            f"{a['achieved_bw_gbs']:.1f} ({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})"
+            if a.get("achieved_bw_gbs") else "—",
+        )
     return t

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,20 +45,52 @@ def summarize_repeats(values: Sequence[float]) -> dict[str, float]:
 # --- throughput -------------------------------------------------------------------------------
 
 
-def decode_share(step: StepTrace) -> float:
-    """Fraction of a step's wall time that counts as decode: its non-prefill tokens / all its tokens.
+def decode_windows(results: Iterable[RequestResult]) -> list[tuple[float, float]]:
+    """Each request's decode window: from its first token to its last (requests with >= 2 tokens)."""
+    return [(r.token_times[0], r.token_times[-1]) for r in results if len(r.token_times) > 1]
 
-    A step without prefill rows is all decode; a mixed step (continuous batching) is split in
-    proportion to tokens, the simplest rule that needs no per-row timing.
+
+def counts_as_decode(step: StepTrace, windows: Sequence[tuple[float, float]]) -> bool:
+    """A step is decode time when it carries a decode/draft/verify row, or when it lies inside some
+    request's decode window: a prefill step run while other requests decode stalls them, and their
+    TPOT includes it, so decode tok/s must too (docs/metrics.md#throughput)."""
+    if any(r.kind != PREFILL for r in step.rows):
+        return True
+    return any(a <= step.t_start and step.t_end <= b for a, b in windows)
+
+
+def decode_wall_time(steps: Iterable[StepTrace], results: Iterable[RequestResult] = ()) -> float:
+    windows = decode_windows(results)
+    return sum(s.wall for s in steps if counts_as_decode(s, windows))
+
+
+def prefill_in_decode_time(steps: Iterable[StepTrace], results: Iterable[RequestResult]) -> float:
+    """The part of decode wall spent in prefill-only steps (other requests' prompts), reported apart."""
+    windows = decode_windows(results)
+    return sum(s.wall for s in steps if all(r.kind == PREFILL for r in s.rows) and counts_as_decode(s, windows))
+
+
+def request_decode_times(output: GenerationOutput) -> dict[str, tuple[int, float]]:
+    """request id -> (generated tokens, decode seconds charged to it).
+
+    A step with decode/draft/verify rows is split among those rows in proportion to the tokens each
+    put through the forward; a prefill-only step inside decode windows is split equally among the
+    requests whose window holds it. The charges add up to decode_wall_time, so the throughput of any
+    subset of requests is (their tokens) / (their charged time). The bootstrap intervals resample these.
     """
-    prefill = sum(r.n_tokens for r in step.rows if r.kind == PREFILL)
-    if prefill == 0:
-        return 1.0
-    return (step.n_tokens - prefill) / step.n_tokens
-
-
-def decode_wall_time(steps: Iterable[StepTrace]) -> float:
-    return sum(s.wall * decode_share(s) for s in steps)
+    charged: dict[str, float] = {r.id: 0.0 for r in output.results}
+    spans = {r.id: (r.token_times[0], r.token_times[-1]) for r in output.results if len(r.token_times) > 1}
+    for s in output.steps:
+        rows = [r for r in s.rows if r.kind != PREFILL]
+        if rows:
+            n = sum(r.n_tokens for r in rows)
+            for r in rows:
+                charged[r.request] = charged.get(r.request, 0.0) + s.wall * r.n_tokens / n
+            continue
+        stalled = [rid for rid, (a, b) in spans.items() if a <= s.t_start and s.t_end <= b]
+        for rid in stalled:
+            charged[rid] += s.wall / len(stalled)
+    return {r.id: (max(len(r.output_ids) - 1, 0), charged[r.id]) for r in output.results}
 
 
 def generated_tokens(results: Iterable[RequestResult]) -> int:
@@ -66,7 +99,7 @@ def generated_tokens(results: Iterable[RequestResult]) -> int:
 
 
 def decode_tok_s(output: GenerationOutput) -> float | None:
-    wall = decode_wall_time(output.steps)
+    wall = decode_wall_time(output.steps, output.results)
     return generated_tokens(output.results) / wall if wall > 0 else None
 
 
@@ -84,7 +117,7 @@ class Latency:
     ttft_prefill_s: float  # first token - this request's prefill start
     tpot_s: float | None  # (e2e - ttft) / (n - 1); None for a one-token output
     e2e_s: float  # last token - arrival
-    itl_s: list[float]  # gaps between consecutive tokens; 0 inside one verification's commit
+    itl_s: list[float]  # one gap per step that committed >= 1 token (as vLLM: one per streamed chunk)
 
 
 def request_latency(r: RequestResult) -> Latency | None:
@@ -95,7 +128,8 @@ def request_latency(r: RequestResult) -> Latency | None:
     ttft = t[0] - r.t_arrival
     e2e = t[-1] - r.t_arrival
     tpot = (e2e - ttft) / (len(t) - 1) if len(t) > 1 else None
-    return Latency(ttft, t[0] - r.t_prefill_start, tpot, e2e, [b - a for a, b in itertools.pairwise(t)])
+    commits = [t[0]] + [b for a, b in itertools.pairwise(t) if b != a]  # tokens of one step share a time
+    return Latency(ttft, t[0] - r.t_prefill_start, tpot, e2e, [b - a for a, b in itertools.pairwise(commits)])
 
 
 # --- acceptance -------------------------------------------------------------------------------
@@ -144,15 +178,22 @@ def request_figures(r: RequestResult) -> dict[str, float | None]:
     }
 
 
-def _percentiles(prefix: str, values: Sequence[float], qs: Sequence[int]) -> dict[str, float | None]:
-    """Latency quantiles named `{prefix}_p{q}_s`."""
-    return {f"{prefix}_p{q}_s": percentile(values, q) for q in qs}
+DEFAULT_PERCENTILES = (50, 90, 99)
+
+
+def _percentiles(prefix: str, values: Sequence[float], qs: Sequence[float]) -> dict[str, float | None]:
+    """Latency mean, median and quantiles named `{prefix}_mean_s`, `{prefix}_median_s`, `{prefix}_p{q}_s`."""
+    out = {f"{prefix}_mean_s": _mean(values), f"{prefix}_median_s": percentile(values, 50)}
+    out.update({f"{prefix}_p{q:g}_s": percentile(values, q) for q in qs})
+    return out
 
 
 def aggregate(
     output: GenerationOutput,
     scores: Mapping[str, float | None] | None = None,
     parity: Mapping[str, Parity] | None = None,
+    prompt_lens: Mapping[str, int] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> dict[str, float | int | None]:
     """All run-level figures, flat name -> number (None where a figure does not apply).
 
@@ -166,24 +207,30 @@ def aggregate(
     per_request_len = [m for m in (_mean(accepted_lengths(r)) for r in results) if m is not None]
     distinct = [d for d in (distinct_n(r.output_ids, 4) for r in results) if d is not None]
     score_values = [s for s in (scores or {}).values() if s is not None]
+    duration = output.t_end - output.t_start
+    output_tokens = sum(len(r.output_ids) for r in results)
+    input_tokens = sum(prompt_lens.get(r.id, 0) for r in results) if prompt_lens else None
 
     out: dict[str, float | int | None] = {
         "n_requests": len(results),
-        "output_tokens": sum(len(r.output_ids) for r in results),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
         "generated_tokens": generated_tokens(results),
         "n_steps": len(output.steps),
-        "total_wall_s": output.t_end - output.t_start,
-        "decode_wall_s": decode_wall_time(output.steps),
+        "total_wall_s": duration,
+        "decode_wall_s": decode_wall_time(output.steps, results),
+        "prefill_in_decode_s": prefill_in_decode_time(output.steps, results),
         "decode_tok_s": decode_tok_s(output),
         "e2e_tok_s": e2e_tok_s(output),
+        "request_throughput": len(results) / duration if duration > 0 else None,
+        "total_token_throughput": (input_tokens + output_tokens) / duration
+        if duration > 0 and input_tokens is not None else None,
     }
-    out.update(_percentiles("ttft", [lat.ttft_s for lat in lats], (50, 90, 99)))
-    out.update(_percentiles("ttft_prefill", [lat.ttft_prefill_s for lat in lats], (50, 90, 99)))
-    out["tpot_mean_s"] = _mean([lat.tpot_s for lat in lats if lat.tpot_s is not None])
-    out.update(_percentiles("tpot", [lat.tpot_s for lat in lats if lat.tpot_s is not None], (50, 90, 99)))
-    out.update(_percentiles("itl", gaps, (50, 90, 99)))
-    out["itl_zero_frac"] = sum(1 for g in gaps if g == 0) / len(gaps) if gaps else None
-    out.update(_percentiles("e2e", [lat.e2e_s for lat in lats], (50, 90, 99)))
+    out.update(_percentiles("ttft", [lat.ttft_s for lat in lats], percentiles))
+    out.update(_percentiles("ttft_prefill", [lat.ttft_prefill_s for lat in lats], percentiles))
+    out.update(_percentiles("tpot", [lat.tpot_s for lat in lats if lat.tpot_s is not None], percentiles))
+    out.update(_percentiles("itl", gaps, percentiles))
+    out.update(_percentiles("e2e", [lat.e2e_s for lat in lats], percentiles))
 
     out["n_verifications"] = len(verifications)
     out["mean_accepted_len"] = _mean(lengths)
@@ -202,3 +249,64 @@ def aggregate(
     if parity is not None:
         out.update(summarize_parity(parity.values()))
     return out
+
+
+# --- intervals --------------------------------------------------------------------------------
+
+Sample = tuple[int, float]  # (generated tokens, charged decode seconds) of one request in one repeat
+
+
+def ratio_ci(num: Mapping, den: Mapping, n_boot: int = 2000, seed: int = 0,
+             level: float = 0.95) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of (tokens/time of `num`) / (tokens/time of `den`).
+
+    num and den map the same keys, (request id, repeat), to Samples: one resample draws len(keys)
+    keys with replacement, the same keys for both (paired: a hard prompt is hard for both decoders),
+    and recomputes each side's total tokens / total time. None when the keys differ or are too few.
+    """
+    keys = sorted(num, key=str)
+    if len(keys) < 2 or set(keys) != set(den):
+        return None
+    a = [num[k] for k in keys]
+    b = [den[k] for k in keys]
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(len(keys)) for _ in keys]
+        at, as_ = sum(a[i][0] for i in idx), sum(a[i][1] for i in idx)
+        bt, bs = sum(b[i][0] for i in idx), sum(b[i][1] for i in idx)
+        if as_ > 0 and bs > 0 and bt > 0:
+            ratios.append((at / as_) / (bt / bs))
+    if not ratios:
+        return None
+    tail = 100 * (1 - level) / 2
+    return percentile(ratios, tail), percentile(ratios, 100 - tail)
+
+
+def ratio(num: Mapping, den: Mapping) -> float | None:
+    """(Σ tokens / Σ time of num) / (Σ tokens / Σ time of den): the point estimate ratio_ci brackets."""
+    nt, ns = sum(x[0] for x in num.values()), sum(x[1] for x in num.values())
+    dt, ds = sum(x[0] for x in den.values()), sum(x[1] for x in den.values())
+    return (nt / ns) / (dt / ds) if ns > 0 and ds > 0 and dt > 0 else None
+
+
+# --- the bound step costs allow ---------------------------------------------------------------
+
+
+def allowed_speedup(verifications: Sequence[tuple[int, int]], c: float, v_by_gamma: Mapping[int, float]) -> float | None:
+    """Speedup over AR that the measured step costs allow at the acceptance actually realised:
+    Σ (a_i + 1) / Σ (d_i c + v(d_i)) over the run's verifications (d drafted, a accepted), costs in
+    units of one AR step of the same batch and context. v(d) beyond the measured drafts is
+    extrapolated linearly from the last two measured points. None without verifications."""
+    if not verifications:
+        return None
+    gs = sorted(v_by_gamma)
+
+    def v(d: int) -> float:
+        if d in v_by_gamma:
+            return v_by_gamma[d]
+        g1, g2 = gs[-2], gs[-1]
+        return v_by_gamma[g2] + (d - g2) * (v_by_gamma[g2] - v_by_gamma[g1]) / (g2 - g1)
+
+    cost = sum(d * c + v(d) for d, _ in verifications)
+    return sum(a + 1 for _, a in verifications) / cost if cost > 0 else None

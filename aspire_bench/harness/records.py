@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -21,6 +22,9 @@ from aspire_bench.harness.parity import Parity
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.
 NON_IDENTITY_KEYS = frozenset({"store", "store_path", "out", "output_dir", "tag", "sweep", "group", "verbose"})
+
+# record.info keys that are measurements kept with the run, not decoder settings.
+INFO_NOT_SETTINGS = frozenset({"decode_samples", "tuning", "verifications", "step_costs"})
 
 # Column order of one step row in StepRecord.rows.
 ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read")
@@ -102,7 +106,7 @@ def from_output(
     config: Mapping, output: GenerationOutput, prompt_lens: Mapping[str, int], env: Mapping, *,
     texts: Mapping[str, str] | None = None, scores: Mapping[str, float | None] | None = None,
     parity: Mapping[str, Parity] | None = None, sweep: str | None = None, tag: str | None = None,
-    group: str | None = None,
+    group: str | None = None, percentiles=metrics.DEFAULT_PERCENTILES,
 ) -> RunRecord:
     """The record of a finished run; aggregates computed by metrics.aggregate."""
     t0 = output.t_start
@@ -125,7 +129,8 @@ def from_output(
     return RunRecord(
         config=dict(config), config_hash=config_hash(config), env=dict(env), sweep=sweep, tag=tag, group=group,
         info=dict(output.info), requests=requests, steps=steps,
-        aggregates=metrics.aggregate(output, scores=scores, parity=parity),
+        aggregates=metrics.aggregate(output, scores=scores, parity=parity, prompt_lens=prompt_lens,
+                                    percentiles=percentiles),
     )
 
 
@@ -224,3 +229,37 @@ def platform_summary(env: Mapping) -> str:
     """One line for tables: GPU name, else CPU model."""
     return env.get("gpu") or env.get("cpu") or "?"
 
+
+
+def vllm_result(record: RunRecord, percentiles=metrics.DEFAULT_PERCENTILES) -> dict:
+    """A run as vLLM's `bench serve --save-result` JSON names it (times in ms; docs/metrics.md#vllm)."""
+    a = record.aggregates
+    out = {
+        "date": record.created_at, "backend": "aspire-bench", "model_id": record.config.get("model"),
+        "decoder": record.config.get("decoder"), "settings": {k: v for k, v in record.info.items()
+                                                               if k not in INFO_NOT_SETTINGS},
+        "num_prompts": a.get("n_requests"), "max_concurrency": record.config.get("batch_size"),
+        "duration": a.get("total_wall_s"), "completed": a.get("n_requests"),
+        "total_input_tokens": a.get("input_tokens"), "total_output_tokens": a.get("output_tokens"),
+        "request_throughput": a.get("request_throughput"), "output_throughput": a.get("e2e_tok_s"),
+        "total_token_throughput": a.get("total_token_throughput"),
+        "decode_throughput": a.get("decode_tok_s"),
+        "input_lens": [r.prompt_len for r in record.requests],
+        "output_lens": [len(r.output_ids) for r in record.requests],
+        "ttfts": [r.figures.get("ttft_s") for r in record.requests],
+        "itls": [[b - a_ for a_, b in itertools.pairwise(_commit_times(r.token_times))] for r in record.requests],
+        "generated_texts": [r.text for r in record.requests],
+        "errors": ["" for _ in record.requests],
+    }
+    for ours, theirs in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
+        for stat in ("mean", "median"):
+            v = a.get(f"{ours}_{stat}_s")
+            out[f"{stat}_{theirs}_ms"] = v * 1e3 if v is not None else None
+        for q in percentiles:
+            v = a.get(f"{ours}_p{q:g}_s")
+            out[f"p{q:g}_{theirs}_ms"] = v * 1e3 if v is not None else None
+    return out
+
+
+def _commit_times(times: list[float]) -> list[float]:
+    return [t for i, t in enumerate(times) if i == 0 or t != times[i - 1]]

@@ -44,9 +44,18 @@ class RunConfig:
     # Generate exactly max_new_tokens per request (EOS and stop strings ignored), as throughput
     # benchmarks do: under sampling, decoders would otherwise stop at different points and do different work.
     ignore_eos: bool = False
+    # Under sampling, ignore EOS (as ignore_eos) so every decoder of a group does the same work; task
+    # scores still come from the text up to the first EOS. False marks the group "unequal work".
+    equal_work: bool = True
+    # Baselines with a draft length (TUNE_GRIDS): pick gamma on separate tuning requests first.
+    tune: bool = False
     # Prefill each distinct prompt once per process and copy its KV in afterwards (decode figures
     # exclude prefill; TTFT then measures a copy, not a prefill). For demos and side-by-side sweeps.
     prefix_cache: bool = False
+
+    @property
+    def eos_ignored(self) -> bool:
+        return self.ignore_eos or (self.equal_work and self.temperature > 0)
 
     def identity(self) -> dict:
         """What makes two runs the same experiment (hashed into config_hash)."""
@@ -99,15 +108,21 @@ def _generate(decoder_name, decoder_args, engine, reqs, params, batch_size, labe
         return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
 
 
-def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | None = None,
-        sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
-        engine: Engine | None = None, **overrides) -> RunResult:
-    """Python API of `aspire-bench run`; keyword overrides apply to RunConfig fields."""
-    cfg = cfg or RunConfig()
-    for k, v in overrides.items():
-        if not hasattr(cfg, k):
-            raise ConfigError(f"unknown run option {k!r}")
-        setattr(cfg, k, v)
+@dataclass
+class Prepared:
+    """A run ready to measure: requests built, decoder settings resolved (tuned), warm-up done."""
+    cfg: RunConfig
+    engine: Engine
+    task: object
+    samples: list
+    reqs: list
+    params: SamplingParams
+    decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned gamma
+    reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
+    info: dict = field(default_factory=dict)  # tuning results, kept with the record
+
+
+def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = True) -> Prepared:
     if cfg.repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     if check_tolerance(cfg.parity_tolerance) is not None and not cfg.parity:
@@ -121,22 +136,56 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
             engine.prefix_cache = {}
     task, samples, reqs = build_requests(cfg, engine)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed,
-                            () if cfg.ignore_eos else engine.cfg.eos_token_ids)
-    if cfg.ignore_eos:
+                            () if cfg.eos_ignored else engine.cfg.eos_token_ids)
+    if cfg.eos_ignored:
         reqs = [replace(r, stop_check=None) for r in reqs]
-    ar = None
+    p = Prepared(cfg, engine, task, samples, reqs, params, dict(cfg.decoder_args))
+    if cfg.tune:
+        from .tuning import tune
+        p.info["tuning"] = tune(cfg, engine, reqs, params, show_progress)
+        p.decoder_args["gamma"] = p.info["tuning"]["gamma"]
     if getattr(probe, "needs_reference", False):  # oracle: the target's greedy tokens, known in hindsight
         if not params.greedy:
             raise ConfigError(f"{cfg.decoder} knows the target's tokens only under greedy decoding: "
                               "use --temperature 0")
-        ar = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
-        for r, a in zip(reqs, ar.results):
+        p.reference = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
+        for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
-    if cfg.warmup:  # warm-up (allocator, kernels, caches): excluded from every figure
-        warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs[:cfg.batch_size]]
-        _generate(cfg.decoder, cfg.decoder_args, engine, warm, params, cfg.batch_size, "warm-up", False)
-    outputs = [_generate(cfg.decoder, cfg.decoder_args, engine, reqs, params, cfg.batch_size,
-                         f"{cfg.decoder} {i + 1}/{cfg.repeat}", show_progress) for i in range(cfg.repeat)]
+    if cfg.warmup:
+        warm_up(p)
+    return p
+
+
+def warm_up(p: Prepared) -> None:
+    """A short generate (allocator, kernels, caches), excluded from every figure. With a prefix cache,
+    every prompt is prefilled here too, so no measured run (the first decoder of a group) pays prefills
+    that the others get from the cache."""
+    warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
+    _generate(p.cfg.decoder, p.decoder_args, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
+    if p.engine.prefix_cache is not None:
+        prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
+        if prime:
+            _generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
+
+
+def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> GenerationOutput:
+    """Measured repeat i: its own sampling seed (seed + i), the same requests."""
+    params = replace(p.params, seed=p.cfg.seed + i)
+    return _generate(p.cfg.decoder, p.decoder_args, p.engine, p.reqs, params, p.cfg.batch_size,
+                     f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
+
+
+def decode_samples(outputs: list[GenerationOutput]) -> list[list]:
+    """[request id, repeat, generated tokens, charged decode seconds] per request per repeat."""
+    return [[rid, i, tok, sec] for i, o in enumerate(outputs)
+            for rid, (tok, sec) in metrics.request_decode_times(o).items()]
+
+
+def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = None, group: str | None = None,
+           sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
+           percentiles=metrics.DEFAULT_PERCENTILES) -> RunResult:
+    """Scores, parity and the stored record of a run's measured repeats."""
+    cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
     rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
     median = statistics.median_low(rates)
     output = outputs[rates.index(median)]  # the median repeat's requests and trace are stored
@@ -145,25 +194,49 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     if cfg.parity:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
+        ar = p.reference
         if ar is None:
             ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
                                                                "parity (ar)", show_progress)
         tolerance = resolve_tolerance(cfg.parity_tolerance, engine.dtype)
         parity = compare_runs(output.results, ar.results, tolerance)
     tok = engine.tokenizer
-    texts = {r.id: tok.decode(r.output_ids, skip_special_tokens=True) for r in output.results}
-    scores = {s.id: task.score(s, texts[s.id]) for s in samples}
+    eos = set(engine.cfg.eos_token_ids) if cfg.eos_ignored else set()
+    texts = {r.id: tok.decode(_until_eos(r.output_ids, eos), skip_special_tokens=True) for r in output.results}
+    scores = {s.id: p.task.score(s, texts[s.id]) for s in p.samples}
     config = cfg.identity()  # resolved decoder settings go to record.info (may include fitted values)
     record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs},
                                  records.capture_environment(), texts=texts, scores=scores, parity=parity,
-                                 sweep=sweep, tag=tag, group=group)
+                                 sweep=sweep, tag=tag, group=group, percentiles=percentiles)
     record.aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
     record.aggregates["repeats"] = cfg.repeat
     if parity is not None:
         record.aggregates["parity_tolerance"] = tolerance
+    record.info.update(p.info)
+    record.info["decode_samples"] = decode_samples(outputs)
     record.env["attention_backend"] = engine.backend.name
     run_id = None
     if store is not None:
         with Store(store) as st:
             run_id = st.save_run(record)
     return RunResult(run_id, record)
+
+
+def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """The tokens a task scores: up to (without) the first EOS when EOS was ignored for equal work."""
+    return next((ids[:i] for i, t in enumerate(ids) if t in eos), ids)
+
+
+def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | None = None,
+        sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
+        engine: Engine | None = None, percentiles=metrics.DEFAULT_PERCENTILES, **overrides) -> RunResult:
+    """Python API of `aspire-bench run`; keyword overrides apply to RunConfig fields."""
+    cfg = cfg or RunConfig()
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise ConfigError(f"unknown run option {k!r}")
+        setattr(cfg, k, v)
+    p = prepare(cfg, engine, show_progress)
+    outputs = [measure_repeat(p, i, show_progress) for i in range(p.cfg.repeat)]
+    return finish(p, outputs, store=store, group=group, sweep=sweep, tag=tag, show_progress=show_progress,
+                  percentiles=percentiles)

@@ -17,10 +17,11 @@ from .parity import check_tolerance
 from .records import RunRecord
 from .runner import RunConfig, run
 from .store import Store
+from .tuning import TUNE_GRIDS
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
-            "limit", "repeats", "parity", "parity_tolerance", "warmup", "prefix_cache", "dtype", "device", "attention_backend",
-            "max_retries", "ray"}
+            "limit", "repeats", "parity", "parity_tolerance", "warmup", "prefix_cache", "dtype", "device",
+            "attention_backend", "max_retries", "ray", "tune", "equal_work"}
 MODEL_KEYS = {"path", "dtype", "device", "attention_backend"}
 DECODER_KEYS = {"name", "args"}
 TASK_KEYS = {"name", "data", "limit", "contexts", "max_new_tokens"}
@@ -28,7 +29,7 @@ SAMPLING_KEYS = {"temperature", "top_k", "top_p", "seed"}
 RAY_KEYS = {"num_cpus", "num_gpus", "local_num_cpus"}
 # Fields that tell the cells of one group apart: everything else is shared, so speedups over AR are
 # taken between runs that differ only in how they decode.
-NOT_IN_GROUP = ("decoder", "decoder_args")
+NOT_IN_GROUP = ("decoder", "decoder_args", "tune")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ def expand(spec: dict, default_name: str = "sweep") -> Sweep:
             "attention_backend": spec.get("attention_backend", "auto"), "repeat": int(spec.get("repeats", 1)),
             "parity": bool(spec.get("parity", False)), "warmup": bool(spec.get("warmup", True)),
             "prefix_cache": bool(spec.get("prefix_cache", False)),
-            "parity_tolerance": check_tolerance(spec.get("parity_tolerance"))}
+            "parity_tolerance": check_tolerance(spec.get("parity_tolerance")),
+            "equal_work": bool(spec.get("equal_work", True))}
+    tune = bool(spec.get("tune", False))
     models = [_model(m) for m in _as_list(spec["models"])]
     decoders = [_decoder(d) for d in _as_list(spec["decoders"])]
     tasks = [_task(t, spec) for t in _as_list(spec["tasks"])]
@@ -106,7 +109,7 @@ def expand(spec: dict, default_name: str = "sweep") -> Sweep:
             for context, batch, max_new, sampling, (dec, dec_args) in combos:
                 cfg = RunConfig(**{**base, **model}, decoder=dec, decoder_args=dec_args, task=task["name"],
                                 data=task["data"], limit=task["limit"], context_len=context, batch_size=batch,
-                                max_new_tokens=max_new, **sampling)
+                                max_new_tokens=max_new, tune=tune and dec in TUNE_GRIDS, **sampling)
                 cell = Cell(len(cells), cfg, _group_key(name, cfg))
                 if cell.config_hash in seen:
                     raise ConfigError(f"the sweep lists the same cell twice ({cell.label()}): "

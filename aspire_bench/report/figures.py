@@ -84,7 +84,7 @@ def cell(config: Mapping) -> tuple[str, str, str]:
 def _without_decoder(config: Mapping) -> str:
     """The config with the decoder (and filing keys) left out: what an AR reference must share."""
     rest = {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS and k not in MEASUREMENT_KEYS
-            and k != "decoder" and k not in DECODER_SETTINGS_KEYS}
+            and k not in ("decoder", "tune") and k not in DECODER_SETTINGS_KEYS}
     return canonical_json(rest)
 
 
@@ -141,6 +141,27 @@ def summarize(repeats: Sequence[RunRecord], refs: Mapping[int, list[RunRecord]])
         names.update(dict.fromkeys(r.aggregates))
     out = {n: median(r.aggregates.get(n) for r in repeats) for n in names}
     first = repeats[0]
-    out["speedup"] = speedup(out.get("decode_tok_s"), refs.get(first.run_id, []))
+    ar_runs = refs.get(first.run_id, [])
+    out["speedup"] = speedup(out.get("decode_tok_s"), ar_runs)
+    out["speedup_ci95"] = speedup_ci(first, ar_runs[0]) if ar_runs and first.run_id != ar_runs[0].run_id else None
+    out["unequal_work"] = decoder_name(first.config) != AR and (unequal_work(first) or any(map(unequal_work, ar_runs)))
     out["n_runs"] = len(repeats)
     return out
+
+
+def speedup_ci(run: RunRecord, ar: RunRecord) -> tuple[float, float] | None:
+    """95% bootstrap interval of the run's speedup over AR, from both runs' per-request decode samples
+    (docs/metrics.md#intervals); None for runs stored without them."""
+    from aspire_bench.harness.metrics import ratio_ci
+
+    def samples(r):
+        return {(rid, i): (tok, sec) for rid, i, tok, sec in r.info.get("decode_samples", [])}
+    num, den = samples(run), samples(ar)
+    return ratio_ci(num, den) if num and den else None
+
+
+def unequal_work(run: RunRecord) -> bool:
+    """A sampled run that stopped requests at EOS: decoders of its group did different work."""
+    c = run.config
+    sampled = (c.get("temperature") or 0) > 0
+    return sampled and not c.get("ignore_eos") and not c.get("equal_work")

@@ -31,7 +31,8 @@ COLUMNS = (
     Column("decode_tok_s", "decode tok/s", "high", ".1f", "throughput",
            "generated tokens / decode wall time (prefill excluded); median over repeats", raw=True),
     Column("speedup", "speedup vs AR", "high", ".2f", "throughput",
-           "decode tok/s over the AR run's decode tok/s measured in the same group; — without AR in the group"),
+           "decode tok/s over the AR run's decode tok/s measured in the same group, [95% bootstrap interval]; "
+           "'unequal work': sampled runs stopped at EOS; — without AR in the group"),
     Column("mean_accepted_len", "mean acc. len", "high", ".2f", "acceptance",
            "mean tokens committed per verification (accepted drafts + 1); AR: 1"),
     Column("draft_acceptance_rate", "draft acc. rate", "high", ".1%", "acceptance",

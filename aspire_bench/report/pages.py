@@ -63,7 +63,16 @@ def _value_cell(row: Row, col, best: dict) -> str:
         return cell(shown, extra_cls=extra, html=f"<span title=\"min–max over repeats: {lo:.1f}–{hi:.1f}\">"
                     f"{esc(fmt(shown, col.fmt))}</span>")
     if col.key == "speedup" and value is not None:
-        return cell(shown, extra_cls=extra, html=f"{esc(fmt(shown, col.fmt))}×")
+        ci, unequal = row.value("speedup_ci95"), row.value("unequal_work")
+        text = f"{fmt(shown, col.fmt)}×"
+        if not ci and not unequal:
+            return cell(shown, extra_cls=extra, html=esc(text))
+        if ci:
+            text += f" [{fmt(ci[0], col.fmt)}, {fmt(ci[1], col.fmt)}]"
+        if unequal:  # sampled runs stopped at EOS: not the same work as AR
+            text += " (unequal work)"
+        return cell(shown, extra_cls=extra, html=f"<span title=\"[95% bootstrap interval over requests × repeats]; "
+                    f"unequal work: sampled requests stopped at EOS\">{esc(text)}</span>")
     return cell(shown, col.fmt, extra_cls=extra)
 
 

@@ -1,0 +1,139 @@
+"""Per-step costs of each kind of decoder row, measured on the real engine: c and v(gamma).
+
+A speculative decoder's throughput over AR is bounded by its step costs relative to an AR step:
+
+    speedup = E[tokens per cycle] / (gamma * c + v(gamma))
+
+with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
+1-token verify is an AR step). `measure_cell` times one forward over B rows of each kind at context C:
+
+  weights  1 token at position 0: no KV read, the per-step floor (weights + overhead)
+  ar       1 token, full attention over C positions
+  aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
+           refresh layer (num_layers - 2), which attends fully and returns page scores
+  window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
+  vegas    1 token, a Vegas-sized token view (5% of C, at least 256 positions), only when asked
+  verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
+
+KV values do not change the work of a step, so the pool is filled with random values instead of
+paying a C-token prefill per row. bench/step_costs.py is the command-line front end.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..decoders.selection import page_budget, streaming_positions
+from ..engine import Capture, Engine, PageView, Row, TokenView
+
+KINDS = ("weights", "ar", "aspire", "window", "verify")
+# Draft cost c of each speculative decoder: which measured kind its draft rows resemble.
+DRAFT_KIND = {"magicdec": "window", "vegas": "vegas", "aspire": "aspire", "aspire-fixed": "aspire",
+              "aspire-fsm": "aspire", "aspire-norefresh": "aspire"}
+
+
+class Cell:
+    """B slots of C positions (random KV) and the rows of each kind."""
+
+    def __init__(self, engine: Engine, context: int, batch: int, gamma: int, seed: int):
+        """gamma: the longest draft a verify row checks (G)."""
+        self.engine, self.C, self.gamma = engine, context, gamma
+        ps = engine.page_size
+        per_slot = -(-(context + gamma + 1) // ps) * ps
+        engine.reserve(batch * per_slot)
+        engine.cache.k.uniform_(-2.0, 2.0)
+        engine.cache.v.uniform_(-2.0, 2.0)
+        self.slots = [engine.alloc(per_slot) for _ in range(batch)]
+        n_pages = -(-context // ps)
+        budget = page_budget(n_pages, 0.07, 32)
+        g = torch.Generator().manual_seed(seed)
+        self.pages = []
+        for _ in self.slots:  # the 8 most recent pages + random others, as select_pages returns them
+            older = torch.randperm(n_pages - 8, generator=g)[:budget - 8]
+            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - 8, n_pages))))
+        self.window = streaming_positions(context, 16, 256)
+        n_vegas = min(context, max(256, int(0.05 * context)))
+        self.vegas = torch.randperm(context, generator=g)[:n_vegas].sort().values
+        self.refresh = engine.cfg.num_layers - 2
+        self.kv_positions = {"weights": 0, "ar": context, "verify": context, "window": 256, "vegas": n_vegas,
+                             "aspire": budget * ps * (engine.cfg.num_layers - 1) / engine.cfg.num_layers
+                             + context / engine.cfg.num_layers}
+
+    def rows(self, kind: str, gamma: int | None = None) -> list[Row]:
+        C, rs = self.C, []
+        gamma = self.gamma if gamma is None else gamma
+        for i, s in enumerate(self.slots):
+            s.length = C
+            if kind == "weights":
+                rs.append(Row(s, [5], 0))
+            elif kind == "ar":
+                rs.append(Row(s, [5], C))
+            elif kind == "verify":
+                rs.append(Row(s, [5] * (gamma + 1), C, logits="all"))
+            elif kind == "aspire":
+                rs.append(Row(s, [5], C, view=PageView(self.pages[i]), full_layers=frozenset({self.refresh}),
+                              capture=Capture([self.refresh], [-1])))
+            elif kind == "window":
+                rs.append(Row(s, [5], C, view=TokenView(self.window)))
+            elif kind == "vegas":
+                rs.append(Row(s, [5], C, view=TokenView(self.vegas)))
+        return rs
+
+    def step(self, kind: str, gamma: int | None = None) -> None:
+        self.engine.forward(self.rows(kind, gamma))
+
+    def close(self) -> None:
+        for s in self.slots:
+            self.engine.free(s)
+
+
+def timed(fn, repeats: int, sync) -> float:
+    """Median wall seconds of fn over repeats, after one untimed call."""
+    fn()
+    sync()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:
+    """max over gamma of E[tokens per cycle] / (gamma c + v[gamma]), E = (1 - a^(g+1)) / (1 - a)."""
+    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + vg), g) for g, vg in sorted(v.items()))
+
+
+def sync_for(engine: Engine):
+    return torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+
+
+def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: int, seed: int = 0,
+                 kinds=KINDS, cell_hook=None, gammas=None) -> dict:
+    """ms per forward of each kind, c per draft kind (c_aspire, c_window, c_vegas) and v_by_gamma for
+    one (context, batch): at 0..gamma, or at 0, the given gammas and gamma when gammas is given.
+    cell_hook(cell, res) runs before the slots are freed."""
+    sync = sync_for(engine)
+    cell = Cell(engine, context, batch, gamma, seed)
+    try:
+        res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
+        for kind in kinds:
+            res["ms"][kind] = timed(lambda k=kind: cell.step(k), repeats, sync) * 1e3
+        ar = res["ms"]["ar"]
+        for kind in ("aspire", "window", "vegas"):
+            if kind in res["ms"]:
+                res[f"c_{kind}"] = res["ms"][kind] / ar
+        res["v"] = res["ms"]["verify"] / ar
+        todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
+        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in todo}
+        verify_ms[gamma] = res["ms"]["verify"]
+        res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
+        res["kv_positions_per_row"] = {k: v for k, v in cell.kv_positions.items() if k in kinds}
+        if cell_hook is not None:
+            cell_hook(cell, res)
+        return res
+    finally:
+        cell.close()

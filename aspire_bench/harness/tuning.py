@@ -1,0 +1,53 @@
+"""Tuned baselines: each baseline's draft length chosen on tuning requests kept apart from the measured ones.
+
+Per run (one context, batch size and sampling setting): the task's samples after the measured ones
+(other sample indices, so other prompts) form the tuning set, one batch of them (at least 2), each
+generating min(max_new_tokens, TUNE_NEW_TOKENS) tokens under the run's sampling setting with another
+seed. Every gamma of the decoder's grid runs once on that set after a short warm-up; the gamma with
+the highest decode tok/s wins. Procedure and cost: docs/metrics.md#tuned-baselines.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import ConfigError
+from . import metrics
+
+TUNE_GRIDS = {"magicdec": (1, 2, 3, 4), "vegas": (1, 2, 3, 4, 6)}
+TUNE_NEW_TOKENS = 32
+TUNE_SEED_OFFSET = 10_000  # tuning draws never share a seed with a measured repeat
+
+
+def tuning_requests(cfg, engine, measured) -> list:
+    """Requests of the samples after the measured ones; none shares a prompt with a measured request."""
+    from .runner import build_requests
+    n = max(cfg.batch_size, 2)
+    _, _, reqs = build_requests(replace(cfg, limit=len(measured) + n), engine)
+    seen = {tuple(r.prompt_ids) for r in measured}
+    new = min(cfg.max_new_tokens or measured[0].max_new_tokens, TUNE_NEW_TOKENS)
+    out = [replace(r, max_new_tokens=new, stop_check=measured[0].stop_check)
+           for r in reqs if tuple(r.prompt_ids) not in seen][:n]
+    if not out:
+        raise ConfigError(f"task {cfg.task} has no samples left for tuning {cfg.decoder} at context "
+                          f"{cfg.context_len!r}: use --no-tune or a smaller --limit")
+    return out
+
+
+def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
+    """{"gamma": best, "decode_tok_s": {gamma: tok/s}, "n_requests", "max_new_tokens"} for cfg.decoder."""
+    from .runner import _generate
+    grid = TUNE_GRIDS.get(cfg.decoder)
+    if grid is None:
+        raise ConfigError(f"{cfg.decoder} has no draft length to tune: tune only {', '.join(TUNE_GRIDS)}")
+    reqs = tuning_requests(cfg, engine, measured)
+    params = replace(params, seed=params.seed + TUNE_SEED_OFFSET)
+    warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs]
+    _generate(cfg.decoder, {**cfg.decoder_args, "gamma": grid[0]}, engine, warm, params, cfg.batch_size,
+              "tuning warm-up", False)
+    speed = {}
+    for g in grid:
+        out = _generate(cfg.decoder, {**cfg.decoder_args, "gamma": g}, engine, reqs, params, cfg.batch_size,
+                        f"tuning {cfg.decoder} gamma={g}", show_progress)
+        speed[g] = metrics.decode_tok_s(out) or 0.0
+    best = max(speed, key=speed.get)
+    return {"gamma": best, "decode_tok_s": speed, "n_requests": len(reqs), "max_new_tokens": reqs[0].max_new_tokens}
