@@ -14,7 +14,8 @@ from ..tasks import get_task
 from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
-from .store import Store
+from .schema import check_run_settings
+from .store import check_store_path, save_record
 
 
 @dataclass
@@ -74,6 +75,8 @@ def build_requests(cfg: RunConfig, engine: Engine):
     if engine.tokenizer is None:
         raise ConfigError(f"{cfg.model} has no tokenizer files; tasks need one")
     task = get_task(cfg.task)
+    if cfg.data is not None and not task.reads_data:
+        raise ConfigError(f"task {cfg.task} generates its own prompts and reads no --data: drop --data")
     max_new = cfg.max_new_tokens or task.default_max_new_tokens
     if cfg.context_len:
         lo, _ = parse_bucket(cfg.context_len)
@@ -105,9 +108,10 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         if not hasattr(cfg, k):
             raise ConfigError(f"unknown run option {k!r}")
         setattr(cfg, k, v)
-    if cfg.repeat < 1:
-        raise ConfigError("--repeat must be at least 1")
+    check_run_settings(cfg.identity())  # types and ranges: nothing is clamped or replaced
     probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
+    if store is not None:
+        check_store_path(store)  # a bad --store fails now, not after the compute
     if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it
         engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
         if not cfg.prefix_cache:
@@ -157,6 +161,5 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     record.env["attention_backend"] = engine.backend.name
     run_id = None
     if store is not None:
-        with Store(store) as st:
-            run_id = st.save_run(record)
+        run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
     return RunResult(run_id, record)

@@ -65,18 +65,18 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.exists():
         raise UserError(f"sweep file {path} does not exist")
     try:
-        spec = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path} is not valid YAML: {e}") from e
-    return expand(spec, default_name=path.stem)
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{path} is not a readable YAML file: {' '.join(str(e).split())}") from None
+    return expand(spec, default_name=path.stem, where=str(path))
 
 
-def expand(spec: dict, default_name: str = "sweep") -> Sweep:
+def expand(spec: dict, default_name: str = "sweep", where: str = "the sweep") -> Sweep:
     """The cells of a sweep spec (the parsed YAML), in execution order: model, task, context, batch size,
     max_new_tokens, sampling, then decoder innermost, so a model loads once and a group's decoders run
     back to back under the same machine conditions."""
-    if not isinstance(spec, dict):
-        raise ConfigError("a sweep file is a mapping with at least models, decoders and tasks")
+    from .schema import check_sweep
+    check_sweep(spec, where)  # types and ranges of every key (schema.SweepSpec)
     _check_keys(spec, TOP_KEYS, "the sweep")
     for key in ("models", "decoders", "tasks"):
         if not spec.get(key):
