@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -106,7 +107,7 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
     # Rows are appended to OUT.partial as requests finish (in finishing order) and the file is
     # renamed to OUT at the end: an interrupted run keeps what finished, OUT is never half-written.
     partial = out_path.with_name(out_path.name + ".partial")
-    with partial.open("w") as f:
+    with _keep_partial(partial) as f:
         def writer(rid):
             def on_finish(output_ids, finish_reason):
                 text = tok.decode(output_ids, skip_special_tokens=True) if tok is not None else None
@@ -121,6 +122,23 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
             out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
     partial.replace(out_path)
     click.echo(f"wrote {len(out.results)} rows to {out_path}")
+
+
+@contextmanager
+def _keep_partial(partial: Path):
+    """The open OUT.partial; on failure it is kept when rows were written (and the error says so),
+    removed when empty."""
+    f = partial.open("w")
+    try:
+        yield f
+    except BaseException as e:
+        f.close()
+        if partial.stat().st_size == 0:
+            partial.unlink()
+        elif isinstance(e, UserError):
+            raise UserError(f"{e} (the rows finished so far are in {partial})") from None
+        raise
+    f.close()
 
 
 @main.command("run")
@@ -140,9 +158,17 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag, group):
     """Run a decoder on a task, print a summary and store the run."""
+    from .harness.store import check_store_path
+    from .tasks import get_task
+    decoder_args = parse_decoder_args(decoder_args)
+    # Checks that need no model (run() repeats them for API callers), before torch is even imported.
+    check_store_path(store)
+    if data is not None and not get_task(task).reads_data:
+        raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
+                                 param_hint="--data")
     from .harness.runner import RunConfig, run
     from .harness.tables import print_summary
-    cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
+    cfg = RunConfig(model=model, decoder=decoder, decoder_args=decoder_args, task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, dtype=dtype, device=device,

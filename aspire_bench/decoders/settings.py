@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from functools import lru_cache
+from functools import cache
 
 from ..errors import ConfigError, validation_message
 
@@ -23,7 +23,7 @@ RANGES: dict[str, dict] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model(cls: type):
     from pydantic import ConfigDict, Field, create_model
     fields = {}

@@ -119,7 +119,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     for f in _weight_files(path):
         try:
             sd.update(load_file(str(f)))
-        except Exception as e:  # safetensors raises its own error type (and OSError) on a damaged file
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type (and OSError) on a damaged file
             raise CheckpointError(f"{f} cannot be read as safetensors ({' '.join(str(e).split())}): the file is "
                                   "truncated or corrupt; download it again") from None
     return sd

@@ -18,7 +18,7 @@ import torch
 
 from . import metrics, records
 from .runner import RunConfig, load_engine, run
-from .store import Store
+from .store import save_record
 
 DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
 BASELINES = ("magicdec", "vegas")
@@ -144,8 +144,7 @@ def _cell(engine, cell: RunConfig, decoders, store: str | None, show_progress: b
             add_parity(rec, ar)
         add_bandwidth(rec)
         if store is not None:
-            with Store(store) as st:
-                st.save_run(rec)
+            save_record(store, rec)  # a recovery JSONL beside the store if saving fails
         recs.append(rec)
     return recs
 

@@ -75,8 +75,6 @@ def build_requests(cfg: RunConfig, engine: Engine):
     if engine.tokenizer is None:
         raise ConfigError(f"{cfg.model} has no tokenizer files; tasks need one")
     task = get_task(cfg.task)
-    if cfg.data is not None and not task.reads_data:
-        raise ConfigError(f"task {cfg.task} generates its own prompts and reads no --data: drop --data")
     max_new = cfg.max_new_tokens or task.default_max_new_tokens
     if cfg.context_len:
         lo, _ = parse_bucket(cfg.context_len)
@@ -110,6 +108,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         setattr(cfg, k, v)
     check_run_settings(cfg.identity())  # types and ranges: nothing is clamped or replaced
     probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
+    if cfg.data is not None and not get_task(cfg.task).reads_data:
+        raise ConfigError(f"task {cfg.task} makes its own prompts and reads no --data: drop --data")
     if store is not None:
         check_store_path(store)  # a bad --store fails now, not after the compute
     if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it

@@ -315,24 +315,49 @@ def _check_store_file(path: Path, must_exist: bool) -> None:
     if not path.exists():
         if must_exist:
             raise StoreError(f"no results store at {path}: run a benchmark first or pass --store PATH")
-        if not path.parent.exists() and not _creatable(path.parent):
-            raise StoreError(f"cannot create the results store {path}: its directory cannot be created")
         return
-    if path.stat().st_size and not is_sqlite_file(path):
+    size = path.stat().st_size
+    if size and not is_sqlite_file(path):
         raise StoreError(f"{path} is not a SQLite database (nor an aspire-bench results store): "
                          "pass --store with a results store or a new file name")
+    if size and _truncated(path, size):
+        raise StoreError(f"{path} is truncated (shorter than its header says): restore the store from a backup "
+                         "or pass another --store")
+
+
+def _truncated(path: Path, size: int) -> bool:
+    """The SQLite header's page size and page count against the file's size (checked before SQLite
+    opens it, so a damaged file is never given -wal/-shm companions)."""
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if len(header) < 100:
+        return True
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages, counter, valid_for = (int.from_bytes(header[o:o + 4], "big") for o in (28, 24, 92))
+    # The in-header page count is only trusted when written by SQLite >= 3.7.0 (counter matches).
+    return size % page != 0 or (pages > 0 and counter == valid_for and size < pages * page)
 
 
 def _creatable(d: Path) -> bool:
+    """Whether a file could be made in directory d (made with its parents where missing)."""
+    d = d.resolve()
     while not d.exists():
         d = d.parent
-    return d.is_dir() and os.access(d, os.W_OK)
+    return d.is_dir() and os.access(d, os.W_OK | os.X_OK)
 
 
 def check_store_path(path: str | Path) -> None:
-    """Open (create or upgrade) the store once: a bad --store fails before hours of compute, not after."""
-    with Store(path):
-        pass
+    """Fail now, not after hours of compute, when the run could not be saved to `path`: an existing
+    file must be an aspire-bench store (opened and upgraded once); a new one needs a writable directory
+    (nothing is created yet, so a run that fails later leaves no empty store behind)."""
+    path = Path(path)
+    _check_store_file(path, must_exist=False)
+    if path.exists():
+        with Store(path):
+            pass
+    elif not _creatable(path.parent):
+        raise StoreError(f"cannot create the results store {path}: its directory is not writable")
 
 
 def check_output_path(path: Path) -> None:
@@ -360,17 +385,26 @@ def save_record(store_path: str | Path, record: RunRecord) -> int:
         with Store(store_path) as st:
             return st.save_run(record)
     except (UserError, sqlite3.Error, OSError) as e:
-        why = str(e)
+        why = " ".join(str(e).split())
+    target = write_recovery(store_path, record)
+    if target is None:
+        raise StoreError(f"could not save the run to {store_path} ({why}) nor write a recovery file")
+    raise StoreError(f"could not save the run to {store_path} ({why}); the record is kept in {target}: "
+                     f"`aspire-bench import {target} --store STORE` adds it to a store")
+
+
+def write_recovery(store_path: str | Path, record: RunRecord) -> Path | None:
+    """Append the record to the recovery JSONL beside the store, else in the working directory;
+    returns where, or None when neither could be written."""
     line = json.dumps(record.to_json(), default=str) + "\n"
     for target in (recovery_path(store_path), Path.cwd() / recovery_path(store_path).name):
         try:
             with open(target, "a") as f:
                 f.write(line)
+            return target
         except OSError:
             continue
-        raise StoreError(f"could not save the run to {store_path} ({why}); the record is kept in {target}: "
-                         f"`aspire-bench import {target} --store STORE` adds it to a store") from None
-    raise StoreError(f"could not save the run to {store_path} ({why}) nor write a recovery file")
+    return None
 
 
 def _write_csv(out: TextIO, summaries: list[dict]) -> None:

@@ -56,7 +56,7 @@ def _fmt(value) -> str:
 @click.option("--sweep", help="Only this sweep.")
 @click.option("--tag", help="Only this tag.")
 @click.option("--group", help="Only runs of this group (measured side by side).")
-@click.option("--limit", type=int, default=50, show_default=True, help="The newest N runs.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N runs.")
 def runs(store_path, limit, **filters):
     """List the stored runs."""
     with _open(store_path) as store:

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, StoreError, UserError
 from . import records
 from .records import RunRecord
 from .runner import RunConfig, run
-from .store import Store
+from .store import Store, write_recovery
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
             "limit", "repeats", "parity", "warmup", "prefix_cache", "dtype", "device", "attention_backend",
@@ -238,6 +239,7 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
     if executor == "ray":
         from .ray_executor import require_ray
         require_ray()  # before the store is created: a missing extra leaves nothing behind
+    unsaved: list[tuple[Path | None, str]] = []
     with Store(store_path) as store:
         done = _stored_ok(store, sweep.cells) if resume else {}
         invocation = (_last_invocation(store, sweep.name) if resume else None) or records.new_group_id()
@@ -245,7 +247,10 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
         results: dict[int, RunRecord] = {i: store.get_run(run_id) for i, run_id in done.items()}
         with _CellProgress(sweep.name, len(sweep.cells), len(done), disable=not show_progress) as bar:
             def on_done(cell: Cell, rec: RunRecord) -> None:
-                store.save_run(rec)
+                try:
+                    store.save_run(rec)
+                except (sqlite3.Error, OSError) as e:  # keep the record, tell at the end
+                    unsaved.append((write_recovery(store_path, rec), " ".join(str(e).split())))
                 results[cell.index] = rec
                 bar.advance(cell, rec)
 
@@ -254,6 +259,10 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
             else:
                 from .ray_executor import run_ray
                 run_ray(todo, sweep, invocation, on_done, address=ray_address, cell_fn=cell_fn)
+    if unsaved:
+        where, why = unsaved[0]
+        raise StoreError(f"{len(unsaved)} cell(s) could not be saved to {store_path} ({why}); their records are "
+                         f"kept in {where}: `aspire-bench import {where} --store STORE` adds them to a store")
     return SweepOutcome(invocation, [results[c.index] for c in sweep.cells], len(todo), len(done))
 
 
