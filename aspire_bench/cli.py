@@ -96,14 +96,15 @@ def main(threads):
 def generate(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
              temperature, top_k, top_p, seed, prompts_path, out_path):
     """Generate for your own prompts with any decoder; writes one JSON row per prompt."""
+    from .harness.prompts import encode_prompts, read_prompts
+    rows = read_prompts(prompts_path)  # the file's form, before a model is loaded
     from .decoders import Request, SamplingParams, get_decoder
     from .engine import Engine
-    from .harness.prompts import read_prompts
     from .progress import TokenProgress
     dec = get_decoder(decoder, **parse_decoder_args(decoder_args))
     engine = Engine.from_pretrained(model, dtype, device, attention_backend)
     tok = engine.tokenizer
-    prompts = read_prompts(prompts_path, tok, engine.cfg.vocab_size)
+    prompts = encode_prompts(rows, tok, engine.cfg.vocab_size, str(prompts_path))
     # Rows are appended to OUT.partial as requests finish (in finishing order) and the file is
     # renamed to OUT at the end: an interrupted run keeps what finished, OUT is never half-written.
     partial = out_path.with_name(out_path.name + ".partial")

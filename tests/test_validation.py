@@ -15,7 +15,7 @@ from aspire_bench.cli import parse_decoder_args
 from aspire_bench.decoders import get_decoder
 from aspire_bench.engine.memory import cgroup_available_bytes
 from aspire_bench.errors import StoreError, UserError
-from aspire_bench.harness.prompts import parse_line
+from aspire_bench.harness.prompts import encode_prompts, parse_line
 from aspire_bench.harness.records import RunRecord, config_hash
 from aspire_bench.harness.store import Store, recovery_path, save_record
 from aspire_bench.harness.sweep import TOP_KEYS, expand
@@ -37,7 +37,7 @@ class WordTokenizer:
 
 def _check_line(line: str) -> None:
     try:
-        rid, ids = parse_line(line, 1, WordTokenizer(), VOCAB)
+        [(rid, ids)] = encode_prompts([parse_line(line, 1)], WordTokenizer(), VOCAB)
     except UserError as e:
         assert "\n" not in str(e)
         return
@@ -63,7 +63,8 @@ def test_prompt_lines_of_any_json(obj):
 def test_prompt_token_ids_are_in_the_vocabulary_or_refused(ids):
     ok = bool(ids) and all(0 <= t < VOCAB for t in ids)
     try:
-        assert parse_line(json.dumps({"id": "a", "input_ids": ids}), 1, None, VOCAB) == ("a", ids)
+        row = parse_line(json.dumps({"id": "a", "input_ids": ids}), 1)
+        assert encode_prompts([row], None, VOCAB) == [("a", ids)]
         assert ok
     except UserError:
         assert not ok
@@ -193,21 +194,21 @@ def test_generate_writes_rows_as_requests_finish(tmp_path):
     from aspire_bench.cli import main
     prompts, out = tmp_path / "p.jsonl", tmp_path / "o.jsonl"
     prompts.write_text('{"id": "a", "input_ids": [5, 6, 7]}\n\n{"id": "b", "prompt": "def f(x):"}\n')
-    res = CliRunner().invoke(main, ["generate", "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "3",
+    res = CliRunner().invoke(main, ["generate", "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "2",
                                     "--batch-size", "1", "--attention-backend", "torch"])
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["a", "b"] and all(len(r["output_ids"]) == 3 for r in rows)
+    assert [r["id"] for r in rows] == ["a", "b"] and all(1 <= len(r["output_ids"]) <= 2 for r in rows)
     assert not (tmp_path / "o.jsonl.partial").exists()
 
 
-def test_request_on_finish_is_called_once_per_request(tiny_engine=None):
+def test_request_on_finish_is_called_once_per_request():
     from aspire_bench.decoders import Request, SamplingParams
     from aspire_bench.engine import Engine
     engine = Engine.from_pretrained("tiny", attention_backend="torch")
     seen = []
     reqs = [Request(str(i), [3 + i, 4, 5], 2 + 3 * i, on_finish=lambda ids, why, i=i: seen.append((i, len(ids))))
             for i in range(3)]
-    out = get_decoder("ar").generate(engine, reqs, SamplingParams(), batch_size=3)
+    out = get_decoder("ar").generate(engine, reqs, SamplingParams(), batch_size=3)  # no EOS: full lengths
     assert sorted(seen) == [(i, len(r.output_ids)) for i, r in enumerate(out.results)]
     assert [i for i, _ in seen] == [0, 1, 2]  # in finishing order: the shortest first

@@ -6,6 +6,7 @@ never skipped, truncated or wrapped around the vocabulary.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
@@ -13,8 +14,17 @@ from ..errors import UserError
 KEYS = ("id", "prompt", "input_ids")
 
 
-def read_prompts(path: Path, tokenizer, vocab_size: int) -> list[tuple[str, list[int]]]:
-    """(id, token ids) per line; blank lines are allowed between rows, but at least one row is needed."""
+@dataclass
+class PromptRow:
+    line: int
+    id: str
+    input_ids: list[int] | None = None
+    text: str | None = None
+
+
+def read_prompts(path: Path) -> list[PromptRow]:
+    """The rows of a prompts file, checked in form (no model needed, so a bad file fails before one
+    is loaded); blank lines are allowed between rows, but at least one row is needed."""
     if not path.is_file():
         raise UserError(f"prompts file {path} does not exist" if not path.exists() else
                         f"prompts file {path} is not a file")
@@ -25,18 +35,18 @@ def read_prompts(path: Path, tokenizer, vocab_size: int) -> list[tuple[str, list
     rows, seen = [], set()
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            rid, ids = parse_line(line, n, tokenizer, vocab_size, where=str(path))
-            if rid in seen:
-                raise UserError(f"{path}:{n}: id {rid!r} is used twice: give every prompt its own id")
-            seen.add(rid)
-            rows.append((rid, ids))
+            row = parse_line(line, n, where=str(path))
+            if row.id in seen:
+                raise UserError(f"{path}:{n}: id {row.id!r} is used twice: give every prompt its own id")
+            seen.add(row.id)
+            rows.append(row)
     if not rows:
         raise UserError(f"{path} has no prompts: write one JSON object per line, "
                         '{"id": ..., "prompt": "..."} or {"id": ..., "input_ids": [...]}')
     return rows
 
 
-def parse_line(line: str, n: int, tokenizer, vocab_size: int, where: str = "prompts") -> tuple[str, list[int]]:
+def parse_line(line: str, n: int, where: str = "prompts") -> PromptRow:
     at = f"{where}:{n}"
     try:
         obj = json.loads(line)
@@ -47,7 +57,8 @@ def parse_line(line: str, n: int, tokenizer, vocab_size: int, where: str = "prom
                         f"got {type(obj).__name__ if obj is not None else 'null'}")
     unknown = sorted(set(obj) - set(KEYS))
     if unknown:
-        raise UserError(f"{at}: unknown key(s) {', '.join(map(repr, unknown))}: a line has id and one of prompt, input_ids")
+        raise UserError(f"{at}: unknown key(s) {', '.join(map(repr, unknown))}: a line has id and one of "
+                        "prompt, input_ids")
     rid = obj.get("id", n)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise UserError(f"{at}: id must be a string or an integer")
@@ -57,15 +68,29 @@ def parse_line(line: str, n: int, tokenizer, vocab_size: int, where: str = "prom
         ids = obj["input_ids"]
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise UserError(f"{at}: input_ids must be a list of integer token ids")
+        if not ids:
+            raise UserError(f"{at}: the prompt is empty")
+        return PromptRow(n, str(rid), input_ids=ids)
+    if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+        raise UserError(f"{at}: prompt must be a non-empty string")
+    return PromptRow(n, str(rid), text=obj["prompt"])
+
+
+def encode_prompts(rows: list[PromptRow], tokenizer, vocab_size: int,
+                   where: str = "prompts") -> list[tuple[str, list[int]]]:
+    """(id, token ids) per row: text through the tokenizer, every id inside the vocabulary."""
+    out = []
+    for r in rows:
+        if r.input_ids is None:
+            if tokenizer is None:
+                raise UserError("text prompts need a tokenizer in the checkpoint directory; give input_ids")
+            ids = list(tokenizer.encode(r.text))
+            if not ids:
+                raise UserError(f"{where}:{r.line}: the prompt encodes to no tokens")
+        else:
+            ids = r.input_ids
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise UserError(f"{at}: token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
-    else:
-        if not isinstance(obj["prompt"], str):
-            raise UserError(f"{at}: prompt must be a string")
-        if tokenizer is None:
-            raise UserError("text prompts need a tokenizer in the checkpoint directory; give input_ids")
-        ids = list(tokenizer.encode(obj["prompt"]))
-    if not ids:
-        raise UserError(f"{at}: the prompt is empty")
-    return str(rid), ids
+            raise UserError(f"{where}:{r.line}: token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+        out.append((r.id, ids))
+    return out

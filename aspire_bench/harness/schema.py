@@ -7,6 +7,7 @@ never coerced. Unknown keys are errors: a typo would otherwise silently run the 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -126,6 +127,22 @@ def check_sweep(spec: Any, where: str) -> None:
         SweepSpec.model_validate(spec)
     except ValidationError as e:
         raise ConfigError(validation_message(e, where)) from None
+
+
+def read_sweep_file(path) -> Any:
+    """The parsed YAML of a sweep file (safe_load: plain data only)."""
+    import yaml
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"sweep file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{path} is not a readable YAML file: {' '.join(str(e).split())}") from None
+
+
+def check_sweep_file(path) -> None:
+    check_sweep(read_sweep_file(path), str(path))
 
 
 class RunSettings(BaseModel):

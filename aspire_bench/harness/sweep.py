@@ -61,15 +61,8 @@ class Sweep:
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    import yaml
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"sweep file {path} does not exist")
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise UserError(f"{path} is not a readable YAML file: {' '.join(str(e).split())}") from None
-    return expand(spec, default_name=path.stem, where=str(path))
+    from .schema import read_sweep_file
+    return expand(read_sweep_file(path), default_name=Path(path).stem, where=str(path))
 
 
 def expand(spec: dict, default_name: str = "sweep", where: str = "the sweep") -> Sweep:
