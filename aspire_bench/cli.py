@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
+from . import cli_types as T
 from .errors import UserError
 
 
@@ -14,10 +16,13 @@ def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
     from .decoders import parse_value
     out = {}
     for p in pairs:
-        if "=" not in p:
-            raise UserError(f"--decoder-arg {p!r} is not of the form key=value")
-        k, v = p.split("=", 1)
-        out[k.strip().replace("-", "_")] = parse_value(v.strip())
+        k, sep, v = p.partition("=")
+        k = k.strip().replace("-", "_")
+        if not sep or not k.isidentifier():
+            raise UserError(f"--decoder-arg {p!r} is not of the form key=value (e.g. gamma=4)")
+        if k in out:
+            raise UserError(f"--decoder-arg {k} is given twice: keep one")
+        out[k] = parse_value(v.strip())
     return out
 
 
@@ -25,9 +30,12 @@ def model_options(f):
     for opt in reversed([
         click.option("--model", default="tiny", show_default=True,
                      help="HF checkpoint directory, or `tiny` (the bundled model)."),
-        click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16"),
+        click.option("--dtype", default="float32", show_default=True, type=click.Choice(T.DTYPES),
+                     help="float32 | bfloat16 | float16"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
-        click.option("--attention-backend", default="auto", show_default=True, help="auto | torch | cpu | triton (auto: triton on CUDA, cpu on CPU)"),
+        click.option("--attention-backend", default="auto", show_default=True,
+                     type=click.Choice(T.ATTENTION_BACKENDS),
+                     help="auto | torch | cpu | triton (auto: triton on CUDA, cpu on CPU)"),
     ]):
         f = opt(f)
     return f
@@ -38,12 +46,12 @@ def decoder_options(f):
         click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
         click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
                      help="Decoder setting, repeatable (e.g. gamma=4)."),
-        click.option("--batch-size", default=8, show_default=True, type=int),
-        click.option("--max-new-tokens", default=None, type=int, help="Default: the task's own."),
-        click.option("--temperature", default=0.0, show_default=True, type=float),
-        click.option("--top-k", default=0, show_default=True, type=int),
-        click.option("--top-p", default=1.0, show_default=True, type=float),
-        click.option("--seed", default=0, show_default=True, type=int),
+        click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE),
+        click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the task's own."),
+        click.option("--temperature", default=0.0, show_default=True, type=T.TEMPERATURE, help="0 = greedy."),
+        click.option("--top-k", default=0, show_default=True, type=T.NON_NEGATIVE, help="0 = off."),
+        click.option("--top-p", default=1.0, show_default=True, type=T.TOP_P, help="1 = off."),
+        click.option("--seed", default=0, show_default=True, type=T.SEED),
     ]):
         f = opt(f)
     return f
@@ -64,6 +72,7 @@ def measure_options(f):
         click.option("--percentiles", default="50,90,99", show_default=True,
                      help="Latency percentiles reported (besides mean and median)."),
         click.option("--save-result", "save_result", default=None, type=click.Path(path_type=Path),
+                     callback=T.new_output_path,
                      help="Also write a JSON result named as vLLM's `bench serve --save-result` does."),
     ]):
         f = opt(f)
@@ -78,16 +87,25 @@ def write_json(path: Path, obj) -> None:
 
 class Main(click.Group):
     def invoke(self, ctx):
+        import sqlite3
         try:
             return super().invoke(ctx)
         except UserError as e:
-            click.secho(f"error: {e}", fg="red", err=True)
+            click.secho(f"error: {_one_line(e)}", fg="red", err=True)
             sys.exit(2)
+        except sqlite3.DatabaseError as e:  # a store damaged after it was opened (e.g. truncated)
+            click.secho(f"error: the results store cannot be read ({e}): restore it from a backup or pass "
+                        "another --store", fg="red", err=True)
+            sys.exit(2)
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
 
 
 @click.group(cls=Main)
 @click.version_option(package_name="aspire-bench")
-@click.option("--threads", default=None, type=int, envvar="ASPIRE_BENCH_THREADS",
+@click.option("--threads", default=None, type=T.POSITIVE, envvar="ASPIRE_BENCH_THREADS",
               help="CPU threads for torch (default: torch's). On a busy machine 1 is often faster.")
 def main(threads):
     """Benchmark and evaluate long-context speculative decoders (AR, MagicDec, Vegas, ASPIRE)."""
@@ -96,57 +114,60 @@ def main(threads):
         torch.set_num_threads(threads)
 
 
-def read_prompts(path: Path, tokenizer) -> list[tuple[str, list[int]]]:
-    if not path.exists():
-        raise UserError(f"prompts file {path} does not exist")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n} is not valid JSON ({e.msg})") from e
-        rid = str(obj.get("id", n))
-        if "input_ids" in obj:
-            rows.append((rid, [int(t) for t in obj["input_ids"]]))
-        elif "prompt" in obj:
-            if tokenizer is None:
-                raise UserError("text prompts need a tokenizer in the checkpoint directory; give input_ids")
-            rows.append((rid, tokenizer.encode(obj["prompt"])))
-        else:
-            raise UserError(f'{path}:{n} needs "prompt" or "input_ids"')
-    return rows
-
-
 @main.command()
 @model_options
 @decoder_options
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
               help='JSONL with {"id", "prompt"} or {"id", "input_ids"} per line.')
-@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path), callback=T.new_output_path,
+              help="Output JSONL, written as requests finish (OUT.partial until the end).")
 def generate(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
              temperature, top_k, top_p, seed, prompts_path, out_path):
     """Generate for your own prompts with any decoder; writes one JSON row per prompt."""
+    from .harness.prompts import encode_prompts, read_prompts
+    rows = read_prompts(prompts_path)  # the file's form, before a model is loaded
     from .decoders import Request, SamplingParams, get_decoder
     from .engine import Engine
     from .progress import TokenProgress
     dec = get_decoder(decoder, **parse_decoder_args(decoder_args))
     engine = Engine.from_pretrained(model, dtype, device, attention_backend)
     tok = engine.tokenizer
-    prompts = read_prompts(prompts_path, tok)
-    reqs = [Request(rid, ids, max_new_tokens or 128) for rid, ids in prompts]
-    params = SamplingParams(temperature, top_k, top_p, seed, engine.cfg.eos_token_ids)
-    with TokenProgress(sum(r.max_new_tokens for r in reqs), f"{decoder}") as bar:
-        out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
-    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for r in out.results:
-            text = tok.decode(r.output_ids, skip_special_tokens=True) if tok is not None else None
-            f.write(json.dumps({"id": r.id, "output_ids": r.output_ids, "text": text,
-                                "finish_reason": r.finish_reason}) + "\n")
-    tmp.replace(out_path)  # atomic: never a half-written output file
+    prompts = encode_prompts(rows, tok, engine.cfg.vocab_size, str(prompts_path))
+    # Rows are appended to OUT.partial as requests finish (in finishing order) and the file is
+    # renamed to OUT at the end: an interrupted run keeps what finished, OUT is never half-written.
+    partial = out_path.with_name(out_path.name + ".partial")
+    with _keep_partial(partial) as f:
+        def writer(rid):
+            def on_finish(output_ids, finish_reason):
+                text = tok.decode(output_ids, skip_special_tokens=True) if tok is not None else None
+                f.write(json.dumps({"id": rid, "output_ids": output_ids, "text": text,
+                                    "finish_reason": finish_reason}) + "\n")
+                f.flush()
+            return on_finish
+
+        reqs = [Request(rid, ids, max_new_tokens or 128, on_finish=writer(rid)) for rid, ids in prompts]
+        params = SamplingParams(temperature, top_k, top_p, seed, engine.cfg.eos_token_ids)
+        with TokenProgress(sum(r.max_new_tokens for r in reqs), f"{decoder}") as bar:
+            out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
+    partial.replace(out_path)
     click.echo(f"wrote {len(out.results)} rows to {out_path}")
+
+
+@contextmanager
+def _keep_partial(partial: Path):
+    """The open OUT.partial; on failure it is kept when rows were written (and the error says so),
+    removed when empty."""
+    f = partial.open("w")
+    try:
+        yield f
+    except BaseException as e:
+        f.close()
+        if partial.stat().st_size == 0:
+            partial.unlink()
+        elif isinstance(e, UserError):
+            raise UserError(f"{e} (the rows finished so far are in {partial})") from None
+        raise
+    f.close()
 
 
 @main.command("run")
@@ -154,9 +175,10 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 @decoder_options
 @click.option("--task", default="code-completion", show_default=True, help="See `aspire-bench tasks`.")
 @click.option("--data", default=None, help="Local dataset file/dir (json, jsonl, parquet) instead of the Hub cache.")
-@click.option("--limit", default=8, show_default=True, type=int, help="Samples to run.")
-@click.option("--context-len", default=None, help="Context bucket, e.g. 4k, 16k, 32k, 30-40k.")
-@click.option("--repeat", default=1, show_default=True, type=int, help="Measured repeats (median stored).")
+@click.option("--limit", default=8, show_default=True, type=T.POSITIVE, help="Samples to run.")
+@click.option("--context-len", default=None, callback=T.context_len,
+              help="Context bucket, e.g. 4k, 16k, 32k, 30-40k.")
+@click.option("--repeat", default=1, show_default=True, type=T.POSITIVE, help="Measured repeats (median stored).")
 @click.option("--parity", is_flag=True, help="Also run AR greedy and compare token for token.")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
@@ -173,17 +195,27 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
                 store, tag, group, unequal_work, tune, percentiles, save_result):
     """Run a decoder on a task, print a summary and store the run."""
+    from .harness.store import check_store_path
+    from .tasks import get_task
+    decoder_args = parse_decoder_args(decoder_args)
+    # Checks that need no model (run() repeats them for API callers), before torch is even imported.
+    check_store_path(store)
+    if data is not None and not get_task(task).reads_data:
+        raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
+                                 param_hint="--data")
+    from rich.markup import escape
+
     from .harness.records import vllm_result
     from .harness.runner import RunConfig, run
     from .harness.tables import print_summary
     qs = parse_percentiles(percentiles)
-    cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
+    cfg = RunConfig(model=model, decoder=decoder, decoder_args=decoder_args, task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, parity_tolerance=parity_tolerance, dtype=dtype, device=device,
                     attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
     result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
-    print_summary([result.record], title=f"{task} on {model}", percentiles=qs)
+    print_summary([result.record], title=escape(f"{task} on {model}"), percentiles=qs)
     if save_result:
         write_json(save_result, vllm_result(result.record, qs))
     click.echo(f"stored run {result.run_id} in {store}")
@@ -193,7 +225,7 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
 @click.option("--contexts", default=None, help="Comma-separated context buckets (default: the demo sweep's).")
-@click.option("--max-new-tokens", default=None, type=int, help="Default: the demo sweep's.")
+@click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the demo sweep's.")
 def demo_command(store, out, contexts, max_new_tokens):
     """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
     from .demo import demo
@@ -209,22 +241,23 @@ def demo_command(store, out, contexts, max_new_tokens):
 @main.command("bench")
 @model_options
 @click.option("--task", default="code-completion", show_default=True)
-@click.option("--contexts", default="4k,16k,32k", show_default=True)
-@click.option("--batch-sizes", default="1,8", show_default=True)
+@click.option("--contexts", default="4k,16k,32k", show_default=True, callback=T.csv_contexts)
+@click.option("--batch-sizes", default="1,8", show_default=True, callback=T.csv_positive_ints)
 @click.option("--decoders", default=",".join(("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm",
-                                              "aspire-norefresh")), show_default=True)
-@click.option("--repeat", default=3, show_default=True, type=int)
-@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+                                              "aspire-norefresh")), show_default=True, callback=T.csv_list)
+@click.option("--repeat", default=3, show_default=True, type=T.POSITIVE)
+@click.option("--max-new-tokens", default=128, show_default=True, type=T.POSITIVE)
 @click.option("--sampling", default="greedy,paper", show_default=True,
               help="Sampling settings, each run on the same prefilled requests: greedy (parity is checked), "
                    "paper (temperature 0.7, top-k 50, top-p 0.9, the ASPIRE paper's), or temperature:top_k:top_p.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--limit", default=None, type=int,
+@click.option("--seed", default=0, show_default=True, type=T.SEED)
+@click.option("--limit", default=None, type=T.POSITIVE,
               help="Requests per cell (default: 16 or the batch size, whichever is larger).")
 @click.option("--no-tune", is_flag=True, help="Skip tuning the baselines' gamma (no tuned rows).")
 @click.option("--no-bound", is_flag=True, help="Skip measuring step costs (no bound share).")
 @click.option("--store", default="aspire_results.db", show_default=True)
-@click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
+@click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
+              help="Also write the table as JSON.")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
 @measure_options
@@ -234,23 +267,24 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
     from rich.console import Console
 
-    from .decoders import decoder_names
+    from .decoders import get_decoder
     from .harness.bench import bench, bench_table, parse_sampling
     from .harness.records import vllm_result
+    from .harness.store import check_store_path
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
         samplings = [parse_sampling(x) for x in split(sampling)]
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sampling") from None
-    unknown = [d for d in split(decoders) if d not in decoder_names()]
-    if unknown:
-        raise UserError(f"unknown decoder(s) {', '.join(unknown)} in --decoders: choose from {', '.join(decoder_names())}")
+    for s in samplings:  # the ranges a single run has (temperature >= 0, 0 < top_p <= 1, ...)
+        if not (s.temperature >= 0 and s.top_k >= 0 and 0 < s.top_p <= 1):
+            raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
+                                     param_hint="--sampling")
+    for d in decoders:
+        get_decoder(d)  # an unknown name fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
-    try:
-        batches = [int(b) for b in split(batch_sizes)]
-    except ValueError:
-        raise UserError(f"--batch-sizes {batch_sizes!r} must be comma-separated integers") from None
-    rows, bw = bench(model, task, split(contexts), batches, split(decoders), repeat,
+    check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
+    rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend,
                      tune=not no_tune, percentiles=qs, bound=not no_bound, parity_tolerance=parity_tolerance)
     Console().print(bench_table(rows, bw))
@@ -289,10 +323,11 @@ def decoders_command():
 
 @main.command("calibrate")
 @model_options
-@click.option("--batch-size", default=8, show_default=True, type=int)
-@click.option("--context-len", default=4096, show_default=True, type=int, help="Context of each request (tokens).")
-@click.option("--repeats", default=3, show_default=True, type=int)
-@click.option("--out", default=None, type=click.Path(path_type=Path),
+@click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE)
+@click.option("--context-len", default=4096, show_default=True, type=T.POSITIVE,
+              help="Context of each request (tokens).")
+@click.option("--repeats", default=3, show_default=True, type=T.POSITIVE)
+@click.option("--out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
               help="Where to save the fit (default: the cache aspire looks in).")
 def calibrate_command(model, dtype, device, attention_backend, batch_size, context_len, repeats, out):
     """Fit ASPIRE's step-cost model on timed mixed steps; aspire uses a matching fit automatically."""

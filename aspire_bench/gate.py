@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ PARITY_FIELDS = ("parity_n", "parity_identical_pct", "parity_near_tie", "parity_
 
 PASS, FAIL = 0, 1
 USAGE = 2
+# What an entry is held to; an entry with none of them set would compare nothing.
+METRICS = (*RELATIVE, "score_mean", *PARITY_FIELDS)
 
 
 def entry_key(config: Mapping) -> str:
@@ -173,14 +176,20 @@ def _parity(key: str, base: Mapping, now: Mapping) -> Check | None:
 
 
 def read_baseline(path: Path) -> dict:
+    """The baseline, checked against its schema (gate_schema.Baseline): anything malformed is a
+    UserError (exit 2), never a comparison that silently checks less."""
+    from .gate_schema import check_baseline
+    if path.is_dir():
+        raise UserError(f"--baseline {path} is a directory: pass the baseline JSON file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"no baseline at {path}: make one with `aspire-bench gate --baseline {path} --update`") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    if data.get("format") != FORMAT or data.get("version") != VERSION:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise UserError(f"{path} is not an aspire-bench gate baseline v{VERSION} (see docs/gate.md)")
+    check_baseline(data, str(path), tuple(DEFAULT_TOLERANCES), METRICS)
     return data
 
 
@@ -265,6 +274,8 @@ def _tolerances(base: Mapping, overrides: Sequence[str]) -> dict[str, float]:
             tol[name] = float(value)
         except ValueError:
             raise UserError(f"--tolerance {item!r}: {value!r} is not a number") from None
+        if not 0 <= tol[name] < math.inf:
+            raise UserError(f"--tolerance {item!r}: a tolerance is a finite number >= 0")
     return tol
 
 
@@ -288,9 +299,9 @@ def gate(baseline_path, store_path, run_ids, group, tolerances, allow_missing, m
     try:
         code = _gate(console, baseline_path, store_path, run_ids, group, tolerances, allow_missing, markdown_path,
                      update)
-    except UserError as e:
-        # Exit 2, not 1: a usage error must never read as a regression.
-        click.secho(f"error: {e}", fg="red", err=True)
+    except (UserError, sqlite3.DatabaseError, OSError) as e:
+        # Exit 2, not 1: a usage error, a damaged store or an unwritable file must never read as a regression.
+        click.secho(f"error: {' '.join(str(e).split())}", fg="red", err=True)
         code = USAGE
     raise SystemExit(code)
 
@@ -300,7 +311,7 @@ def _gate(console, baseline_path, store_path, run_ids, group, tol_overrides, all
         raise UserError("give --run or --group, not both")
     if not store_path.exists():
         raise UserError(f"no results store at {store_path}: run a benchmark first or pass --store PATH")
-    with Store(store_path) as store:
+    with Store(store_path, readonly=True) as store:  # the gate only reads the store
         selected, context = select_runs(store, run_ids, group)
     entries = measure(selected, context)
     if update:
@@ -320,6 +331,11 @@ def _gate(console, baseline_path, store_path, run_ids, group, tol_overrides, all
                f"(made {baseline.get('created_at', '?')} from group(s) "
                f"{', '.join(baseline.get('source', {}).get('groups', [])) or '?'})")
     checks = compare(baseline, entries, _tolerances(baseline.get("tolerances", {}), tol_overrides), allow_missing)
+    if not any(c.check != "present" for c in checks):
+        # Presence alone is not a pass: e.g. a baseline of another model under --allow-missing.
+        raise UserError(f"nothing was compared: none of the {len(selected)} run(s) matches an entry of "
+                        f"{baseline_path} (baseline keys: {', '.join(sorted(e['key'] for e in baseline['entries']))})"
+                        "; gate the runs the baseline was made from or rebuild it with --update")
     failures = [c for c in checks if not c.ok]
     verdict = f"FAIL, {len(failures)} regression(s)" if failures else f"pass ({len(checks)} checks)"
     print_table(checks, console)

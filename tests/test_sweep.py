@@ -65,12 +65,17 @@ def test_expansion_counts_order_and_groups():
 
 @pytest.mark.parametrize("change, message", [
     ({"decoders": ["ar", "ar"]}, "same cell twice"),
-    ({"contexts": ["1k"], "batch_size": [2]}, "unknown key(s) ['batch_size']"),
+    ({"contexts": ["1k"], "batch_size": [2]}, "batch_size: unknown key"),
     ({"decoders": ["nope"]}, "unknown decoder 'nope'"),
     ({"tasks": ["nope"]}, "unknown task 'nope'"),
     ({"contexts": ["4q"]}, "bad context length"),
     ({"parity": True, "sampling": {"temperature": 0.7}}, "parity compares greedy"),
-    ({"models": []}, "non-empty `models`"),
+    ({"models": []}, "models: Value should have at least 1 item"),
+    ({"batch_sizes": ["abc"]}, "batch_sizes[0]: Input should be a valid integer"),
+    ({"repeats": "many"}, "repeats: Input should be a valid integer"),
+    ({"parity": "false"}, "parity: Input should be a valid boolean"),
+    ({"max_new_tokens": 0}, "max_new_tokens[0]: Input should be greater than or equal to 1"),
+    ({"sampling": {"top_p": 0}}, "sampling[0].top_p: Input should be greater than 0"),
 ])
 def test_bad_sweep_files_fail_before_any_cell(change, message):
     with pytest.raises(UserError) as e:

@@ -25,6 +25,9 @@ class Request:
     stop_check: Callable[[list[int]], int | None] | None = None
     # The target's own greedy continuation, known in hindsight: only oracle schedulers read it.
     reference_ids: list[int] | None = None
+    # Called with (output ids, finish reason) as soon as the request finishes: lets a caller write
+    # each result out while the others still run.
+    on_finish: Callable[[list[int], str], None] | None = None
 
 
 @dataclass

@@ -75,6 +75,11 @@ def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> int:
     return i
 
 
+def _notify(st: ReqState) -> None:
+    if st.req.on_finish is not None:
+        st.req.on_finish(list(st.out), st.finish)
+
+
 class BatchedDecoder:
     name = "base"
 
@@ -132,6 +137,11 @@ class BatchedDecoder:
             need = len(r.prompt_ids) + r.max_new_tokens
             if not r.prompt_ids:
                 raise ConfigError(f"request {r.id!r} has an empty prompt")
+            vocab = engine.cfg.vocab_size
+            if min(r.prompt_ids) < 0 or max(r.prompt_ids) >= vocab:  # never wrap around the embedding
+                raise ConfigError(f"request {r.id!r} has a token id outside the vocabulary (0..{vocab - 1})")
+            if r.max_new_tokens < 1:
+                raise ConfigError(f"request {r.id!r}: max_new_tokens must be at least 1")
             if need > engine.max_context:
                 raise ConfigError(
                     f"request {r.id!r} needs {len(r.prompt_ids)} prompt + {r.max_new_tokens} new tokens, more "
@@ -199,7 +209,12 @@ class BatchedDecoder:
                 st = self._admit(engine, i, req, params, clock, steps)
                 if progress:
                     progress(len(st.out))
-                (done.__setitem__(i, st) or engine.free(st.slot)) if st.finish else active.append(st)
+                if st.finish:
+                    done[i] = st
+                    engine.free(st.slot)
+                    _notify(st)
+                else:
+                    active.append(st)
             if not active:
                 continue
             before = sum(len(s.out) for s in active)
@@ -212,6 +227,7 @@ class BatchedDecoder:
                 active.remove(st)
                 engine.free(st.slot)
                 done[st.index] = st
+                _notify(st)
         results = []
         for i, req in enumerate(requests):
             st = done[i]

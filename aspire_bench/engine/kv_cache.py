@@ -6,12 +6,12 @@ page p of a slot is positions [base + p*page_size, base + (p+1)*page_size) — w
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import OutOfMemoryBudget
+from .memory import available_memory_bytes
 
 
 @dataclass(eq=False)
@@ -19,20 +19,6 @@ class Slot:
     base: int  # first position of the slot in the pool
     capacity: int  # positions reserved
     length: int = 0  # valid positions (KV written and kept)
-
-
-def available_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class KVCache:

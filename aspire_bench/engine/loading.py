@@ -59,16 +59,47 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def read_config(path: Path) -> ModelConfig:
     try:
-        raw = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from e
-    return ModelConfig.from_hf(raw)
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from None
+    return parse_config(raw, str(path / "config.json"))
+
+
+# config.json entries that must be positive integers for the model to be built at all.
+POSITIVE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                       "num_kv_heads", "head_dim", "max_position_embeddings")
+
+
+def parse_config(raw, source: str) -> ModelConfig:
+    """ModelConfig.from_hf with its failures (a missing key, a value of the wrong type) as one line."""
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{source} is not a JSON object")
+    try:
+        cfg = ModelConfig.from_hf(raw)
+    except KeyError as e:
+        raise CheckpointError(f"{source} lacks {e.args[0]!r}: the checkpoint's config.json is incomplete") from None
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        raise CheckpointError(f"{source} has a value of the wrong type ({e})") from None
+    for name in POSITIVE_INT_FIELDS:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise CheckpointError(f"{source}: {name} must be a positive integer, not {v!r}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise CheckpointError(f"{source}: num_attention_heads ({cfg.num_heads}) is not a multiple of "
+                              f"num_key_value_heads ({cfg.num_kv_heads})")
+    if not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in cfg.eos_token_ids):
+        raise CheckpointError(f"{source}: eos_token_id {list(cfg.eos_token_ids)} is outside the vocabulary")
+    return cfg
 
 
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a safetensors index ({type(e).__name__}: {e}): "
+                                  "download it again") from None
         missing = [s for s in shards if not (path / s).exists()]
         if missing:
             raise CheckpointError(f"{path} is missing weight shard(s) {', '.join(missing)} named in "
@@ -86,7 +117,11 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     sd: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
-        sd.update(load_file(str(f)))
+        try:
+            sd.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type (and OSError) on a damaged file
+            raise CheckpointError(f"{f} cannot be read as safetensors ({' '.join(str(e).split())}): the file is "
+                                  "truncated or corrupt; download it again") from None
     return sd
 
 
@@ -104,7 +139,7 @@ def random_model(hf_config: dict, dtype: str | torch.dtype = "float32", device: 
     For per-step costs of shapes whose weights are not at hand (e.g. Qwen3-1.7B on a GPU); its outputs
     mean nothing. Weights ~ N(0, 0.02), norms 1, biases 0, as transformers initialises them.
     """
-    cfg = ModelConfig.from_hf(hf_config)
+    cfg = parse_config(hf_config, "the config")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -139,38 +174,44 @@ def build_model(cfg: ModelConfig, sd: dict[str, torch.Tensor], dt: torch.dtype, 
                 source: str) -> Transformer:
     """Our fused layout from Hugging Face parameter names (whatever their dtype/device)."""
 
-    def get(name: str, required: bool = True):
+    def get(name: str, *shape: int, required: bool = True):
         t = sd.get(name)
         if t is None:
             if required:
                 raise CheckpointError(f"weight {name!r} is missing from the checkpoint in {source}")
             return None
+        if tuple(t.shape) != shape:  # caught here, not as a matmul error inside the first forward
+            raise CheckpointError(f"weight {name!r} in {source} has shape {tuple(t.shape)} but config.json "
+                                  f"implies {shape}: the weights do not belong to this config")
         return t.to(device=dev, dtype=dt)
 
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    rows = {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d, "v": cfg.num_kv_heads * d}
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        qkv = [get(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
-        bias = [get(p + f"self_attn.{x}_proj.bias", cfg.attention_bias) for x in "qkv"]
-        gate_up = [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
-        b_gu = [get(p + "mlp.gate_proj.bias", cfg.mlp_bias), get(p + "mlp.up_proj.bias", cfg.mlp_bias)]
+        qkv = [get(p + f"self_attn.{x}_proj.weight", rows[x], h) for x in "qkv"]
+        bias = [get(p + f"self_attn.{x}_proj.bias", rows[x], required=cfg.attention_bias) for x in "qkv"]
+        gate_up = [get(p + "mlp.gate_proj.weight", inter, h), get(p + "mlp.up_proj.weight", inter, h)]
+        b_gu = [get(p + "mlp.gate_proj.bias", inter, required=cfg.mlp_bias),
+                get(p + "mlp.up_proj.bias", inter, required=cfg.mlp_bias)]
         layers.append(LayerWeights(
-            attn_norm=get(p + "input_layernorm.weight"),
+            attn_norm=get(p + "input_layernorm.weight", h),
             wqkv=torch.cat(qkv).contiguous(),
             bqkv=torch.cat(bias) if all(b is not None for b in bias) else None,
-            q_norm=get(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
-            k_norm=get(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
-            wo=get(p + "self_attn.o_proj.weight"),
-            bo=get(p + "self_attn.o_proj.bias", False),
-            mlp_norm=get(p + "post_attention_layernorm.weight"),
+            q_norm=get(p + "self_attn.q_norm.weight", d) if cfg.qk_norm else None,
+            k_norm=get(p + "self_attn.k_norm.weight", d) if cfg.qk_norm else None,
+            wo=get(p + "self_attn.o_proj.weight", h, cfg.num_heads * d),
+            bo=get(p + "self_attn.o_proj.bias", h, required=False),
+            mlp_norm=get(p + "post_attention_layernorm.weight", h),
             w_gate_up=torch.cat(gate_up).contiguous(),
             b_gate_up=torch.cat(b_gu) if all(b is not None for b in b_gu) else None,
-            w_down=get(p + "mlp.down_proj.weight"),
-            b_down=get(p + "mlp.down_proj.bias", cfg.mlp_bias),
+            w_down=get(p + "mlp.down_proj.weight", h, inter),
+            b_down=get(p + "mlp.down_proj.bias", h, required=cfg.mlp_bias),
         ))
-    embed = get("model.embed_tokens.weight")
-    head = get("lm_head.weight", not cfg.tie_word_embeddings)
-    return Transformer(cfg, embed, layers, get("model.norm.weight"), embed if head is None else head)
+    embed = get("model.embed_tokens.weight", cfg.vocab_size, h)
+    head = get("lm_head.weight", cfg.vocab_size, h, required=not cfg.tie_word_embeddings)
+    return Transformer(cfg, embed, layers, get("model.norm.weight", h), embed if head is None else head)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -26,7 +26,7 @@ from .parity import check_tolerance, compare_runs, resolve_tolerance
 from .parity import summarize as summarize_parity
 from .runner import RunConfig, finish, load_engine, measure_repeat, prepare
 from .step_costs import DRAFT_KIND, measure_cell
-from .store import Store
+from .store import save_record
 from .tuning import TUNE_GRIDS
 
 DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
@@ -171,9 +171,8 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                     costs = _step_costs(engine, cell, cell_rows) if bound else None
                     derive_figures(cell_rows, costs)
                     if store is not None:
-                        with Store(store) as st:
-                            for r in cell_rows:
-                                st.save_run(r.record)
+                        for r in cell_rows:
+                            save_record(store, r.record)  # a recovery JSONL beside the store if saving fails
                     rows += cell_rows
     finally:
         engine.prefix_cache = None

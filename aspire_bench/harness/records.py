@@ -10,7 +10,7 @@ import platform
 import subprocess
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -94,12 +94,28 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, d: Mapping) -> RunRecord:
-        d = dict(d)
-        d["requests"] = [
-            RequestRow(**{**r, "verifications": [tuple(v) for v in r["verifications"]]}) for r in d["requests"]
-        ]
-        d["steps"] = [StepRecord(**{**s, "rows": [tuple(x) for x in s["rows"]]}) for s in d["steps"]]
-        return cls(**d)
+        """The record of a JSON object; fields a newer writer added are kept in `info`/`extra`, unread."""
+        d, unknown = known_fields(cls, d)
+        requests = []
+        for r in d.get("requests", []):
+            r, extra = known_fields(RequestRow, r)
+            row = RequestRow(**{**r, "verifications": [tuple(v) for v in r.get("verifications", [])]})
+            for k, v in extra.items():
+                row.extra.setdefault(k, v)
+            requests.append(row)
+        d["requests"] = requests
+        d["steps"] = [StepRecord(**{**known_fields(StepRecord, s)[0], "rows": [tuple(x) for x in s["rows"]]})
+                      for s in d.get("steps", [])]
+        rec = cls(**d)
+        for k, v in unknown.items():
+            rec.info.setdefault(k, v)
+        return rec
+
+
+def known_fields(cls, d: Mapping) -> tuple[dict, dict]:
+    """(the entries of d that are fields of dataclass cls, the others)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
 
 
 def from_output(

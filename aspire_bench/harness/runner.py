@@ -14,8 +14,8 @@ from ..tasks import get_task
 from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
-from .parity import check_tolerance, compare_runs, resolve_tolerance
-from .store import Store
+from .schema import check_run_settings
+from .store import check_store_path, save_record
 
 
 @dataclass
@@ -108,26 +108,13 @@ def _generate(decoder_name, decoder_args, engine, reqs, params, batch_size, labe
         return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
 
 
-@dataclass
-class Prepared:
-    """A run ready to measure: requests built, decoder settings resolved (tuned), warm-up done."""
-    cfg: RunConfig
-    engine: Engine
-    task: object
-    samples: list
-    reqs: list
-    params: SamplingParams
-    decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned gamma
-    reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
-    info: dict = field(default_factory=dict)  # tuning results, kept with the record
-
-
 def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = True) -> Prepared:
-    if cfg.repeat < 1:
-        raise ConfigError("--repeat must be at least 1")
+    check_run_settings(cfg.identity())  # types and ranges: nothing is clamped or replaced
     if check_tolerance(cfg.parity_tolerance) is not None and not cfg.parity:
         raise ConfigError("--parity-tolerance applies to the parity comparison: add --parity")
     probe = get_decoder(cfg.decoder, **cfg.decoder_args)  # fail fast on a bad decoder or setting
+    if cfg.data is not None and not get_task(cfg.task).reads_data:
+        raise ConfigError(f"task {cfg.task} makes its own prompts and reads no --data: drop --data")
     if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it
         engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
         if not cfg.prefix_cache:
@@ -217,8 +204,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     record.env["attention_backend"] = engine.backend.name
     run_id = None
     if store is not None:
-        with Store(store) as st:
-            run_id = st.save_run(record)
+        run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
     return RunResult(run_id, record)
 
 
@@ -236,6 +222,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         if not hasattr(cfg, k):
             raise ConfigError(f"unknown run option {k!r}")
         setattr(cfg, k, v)
+    if store is not None:
+        check_store_path(store)  # a bad --store fails now, not after the compute
     p = prepare(cfg, engine, show_progress)
     outputs = [measure_repeat(p, i, show_progress) for i in range(p.cfg.repeat)]
     return finish(p, outputs, store=store, group=group, sweep=sweep, tag=tag, show_progress=show_progress,

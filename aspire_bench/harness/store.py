@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
@@ -14,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from aspire_bench.errors import UserError
-from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord
+from aspire_bench.errors import StoreError, UserError
+from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields
 
 DEFAULT_PATH = "./aspire_results.db"
 BUSY_TIMEOUT_S = 60.0
@@ -69,21 +70,60 @@ MIGRATIONS: list[tuple[str, ...]] = [_V1]
 _mid_write_hook: Callable[[], None] | None = None
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# Tables every aspire-bench store has; a database without them is another application's.
+STORE_TABLES = {"schema_version", "runs", "requests", "steps", "aggregates"}
+
+
 def schema_version(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT version FROM schema_version").fetchone()
     return row[0] if row else 0
 
 
+def is_sqlite_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
 class Store:
-    def __init__(self, path: str | Path = DEFAULT_PATH):
+    """readonly=True (the reading commands): the file must already be an aspire-bench store; it is
+    opened with SQLite's read-only mode, so nothing (tables, WAL mode) is ever written to it."""
+
+    def __init__(self, path: str | Path = DEFAULT_PATH, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE) rather than implicit.
-        self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self.readonly = readonly
+        _check_store_file(self.path, must_exist=readonly)
+        try:
+            if readonly:
+                self.conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                            timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE) rather than implicit.
+                self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._check_tables()
+            if not readonly:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open the results store {self.path} ({e}): pass --store with an "
+                             "aspire-bench store or a new file in a writable directory") from None
+
+    def _check_tables(self) -> None:
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if self.readonly or tables:
+            if not STORE_TABLES <= tables:
+                raise StoreError(f"{self.path} is a SQLite database but not an aspire-bench results store "
+                                 "(it lacks the runs tables): pass --store with a results store")
+            current = schema_version(self.conn)
+            if current > len(MIGRATIONS):
+                raise StoreError(f"{self.path} has schema v{current}, newer than this aspire-bench "
+                                 f"(v{len(MIGRATIONS)}): upgrade aspire-bench to read it")
 
     def close(self) -> None:
         self.conn.close()
@@ -110,9 +150,6 @@ class Store:
         with self._transaction() as c:
             c.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             current = schema_version(c)
-            if current > len(MIGRATIONS):
-                raise UserError(f"{self.path} has schema v{current}, newer than this aspire-bench "
-                                f"(v{len(MIGRATIONS)}): upgrade aspire-bench to read it")
             for statements in MIGRATIONS[current:]:
                 for sql in statements:
                     c.execute(sql)
@@ -235,8 +272,12 @@ def _request_row(run_id: int, idx: int, r: RequestRow) -> tuple:
 
 def _request_from_db(request_id: str, prompt_len: int, finish_reason: str, score: float | None,
                      data: dict) -> RequestRow:
-    data["verifications"] = [tuple(v) for v in data["verifications"]]
-    return RequestRow(id=request_id, prompt_len=prompt_len, finish_reason=finish_reason, score=score, **data)
+    data["verifications"] = [tuple(v) for v in data.get("verifications", [])]
+    known, unknown = known_fields(RequestRow, data)
+    row = RequestRow(id=request_id, prompt_len=prompt_len, finish_reason=finish_reason, score=score, **known)
+    for k, v in unknown.items():  # a newer writer's field: kept, not interpreted
+        row.extra.setdefault(k, v)
+    return row
 
 
 def _step_list(s: StepRecord) -> list:
@@ -244,7 +285,7 @@ def _step_list(s: StepRecord) -> list:
 
 
 def _step_from_list(x: list) -> StepRecord:
-    return StepRecord(x[0], x[1], x[2], x[3], [tuple(r) for r in x[4]])
+    return StepRecord(x[0], x[1], x[2], x[3], [tuple(r) for r in x[4]])  # later columns (newer writer) ignored
 
 
 @contextmanager
@@ -252,10 +293,118 @@ def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
     if path == "-":
         yield sys.stdout
     elif isinstance(path, (str, Path)):
-        with open(path, "w", newline="") as f:
-            yield f
+        check_output_path(Path(path))
+        # Written beside and renamed: a failed export never leaves a half-written file in its place.
+        tmp = Path(path).with_name(Path(path).name + ".tmp")
+        try:
+            with open(tmp, "w", newline="") as f:
+                yield f
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
     else:
         yield path
+
+
+# --- paths checked before any compute ----------------------------------------------------------
+
+
+def _check_store_file(path: Path, must_exist: bool) -> None:
+    if path.is_dir():
+        raise StoreError(f"--store {path} is a directory: pass a file, e.g. {path / 'aspire_results.db'}")
+    if not path.exists():
+        if must_exist:
+            raise StoreError(f"no results store at {path}: run a benchmark first or pass --store PATH")
+        return
+    size = path.stat().st_size
+    if size and not is_sqlite_file(path):
+        raise StoreError(f"{path} is not a SQLite database (nor an aspire-bench results store): "
+                         "pass --store with a results store or a new file name")
+    if size and _truncated(path, size):
+        raise StoreError(f"{path} is truncated (shorter than its header says): restore the store from a backup "
+                         "or pass another --store")
+
+
+def _truncated(path: Path, size: int) -> bool:
+    """The SQLite header's page size and page count against the file's size (checked before SQLite
+    opens it, so a damaged file is never given -wal/-shm companions)."""
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if len(header) < 100:
+        return True
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages, counter, valid_for = (int.from_bytes(header[o:o + 4], "big") for o in (28, 24, 92))
+    # The in-header page count is only trusted when written by SQLite >= 3.7.0 (counter matches).
+    return size % page != 0 or (pages > 0 and counter == valid_for and size < pages * page)
+
+
+def _creatable(d: Path) -> bool:
+    """Whether a file could be made in directory d (made with its parents where missing)."""
+    d = d.resolve()
+    while not d.exists():
+        d = d.parent
+    return d.is_dir() and os.access(d, os.W_OK | os.X_OK)
+
+
+def check_store_path(path: str | Path) -> None:
+    """Fail now, not after hours of compute, when the run could not be saved to `path`: an existing
+    file must be an aspire-bench store (opened and upgraded once); a new one needs a writable directory
+    (nothing is created yet, so a run that fails later leaves no empty store behind)."""
+    path = Path(path)
+    _check_store_file(path, must_exist=False)
+    if path.exists():
+        with Store(path):
+            pass
+    elif not _creatable(path.parent):
+        raise StoreError(f"cannot create the results store {path}: its directory is not writable")
+
+
+def check_output_path(path: Path) -> None:
+    """An output file that can be written and is not a database: never overwrite a results store."""
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory: give a file name")
+    if not path.parent.is_dir():
+        raise StoreError(f"the directory of {path} does not exist: create it first")
+    if path.exists() and is_sqlite_file(path):
+        raise StoreError(f"{path} is a SQLite database (a results store?): refusing to overwrite it; "
+                         "choose another output file")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise StoreError(f"{path} cannot be written: check its permissions or choose another file")
+
+
+def recovery_path(store_path: str | Path) -> Path:
+    p = Path(store_path)
+    return p.with_name(p.name + ".recovery.jsonl")
+
+
+def save_record(store_path: str | Path, record: RunRecord) -> int:
+    """Save a finished run; if the store cannot take it, append the record to a recovery JSONL beside
+    the store (else in the working directory) so the measurement is never lost, and say where."""
+    try:
+        with Store(store_path) as st:
+            return st.save_run(record)
+    except (UserError, sqlite3.Error, OSError) as e:
+        why = " ".join(str(e).split())
+    target = write_recovery(store_path, record)
+    if target is None:
+        raise StoreError(f"could not save the run to {store_path} ({why}) nor write a recovery file")
+    raise StoreError(f"could not save the run to {store_path} ({why}); the record is kept in {target}: "
+                     f"`aspire-bench import {target} --store STORE` adds it to a store")
+
+
+def write_recovery(store_path: str | Path, record: RunRecord) -> Path | None:
+    """Append the record to the recovery JSONL beside the store, else in the working directory;
+    returns where, or None when neither could be written."""
+    line = json.dumps(record.to_json(), default=str) + "\n"
+    for target in (recovery_path(store_path), Path.cwd() / recovery_path(store_path).name):
+        try:
+            with open(target, "a") as f:
+                f.write(line)
+            return target
+        except OSError:
+            continue
+    return None
 
 
 def _write_csv(out: TextIO, summaries: list[dict]) -> None:

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from aspire_bench.errors import UserError
-from aspire_bench.harness.records import RunRecord
-from aspire_bench.harness.store import DEFAULT_PATH, Store
+from aspire_bench.harness.records import RunRecord, read_jsonl
+from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
 
 # Aggregates shown in the `runs` list, the headline figure of each kind: (header, aggregate name).
 LIST_FIGURES = (("tok/s", "decode_tok_s"), ("acc len", "mean_accepted_len"), ("parity %", "parity_identical_pct"),
@@ -34,18 +35,17 @@ store_option = click.option("--store", "store_path", default=DEFAULT_PATH, show_
 
 
 def _open(path: str) -> Store:
-    # Reading commands must not leave an empty store behind a mistyped path.
-    if not Path(path).exists():
-        raise UserError(f"no results store at {path}: run a benchmark first or pass --store PATH")
-    return Store(path)
+    # Read-only: a mistyped path leaves no empty store behind and another database is never altered.
+    return Store(path, readonly=True)
 
 
 def _fmt(value) -> str:
+    """A cell's text; escaped, since store text (tags, model paths, errors) is printed literally."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return escape(str(value))
 
 
 @click.command()
@@ -56,20 +56,20 @@ def _fmt(value) -> str:
 @click.option("--sweep", help="Only this sweep.")
 @click.option("--tag", help="Only this tag.")
 @click.option("--group", help="Only runs of this group (measured side by side).")
-@click.option("--limit", type=int, default=50, show_default=True, help="The newest N runs.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N runs.")
 def runs(store_path, limit, **filters):
     """List the stored runs."""
     with _open(store_path) as store:
         summaries = store.list_runs(limit=limit, **filters)
-    table = Table(title=f"runs in {store_path}")
+    table = Table(title=f"runs in {escape(str(store_path))}")
     for header in ("id", "created", "status", "decoder", "model", "task", "sweep/tag", "group"):
         table.add_column(header, overflow="fold")
     for header, _ in LIST_FIGURES:
         table.add_column(header, justify="right")
     for s in summaries:
         label = "/".join(x for x in (s["sweep"], s["tag"]) if x)
-        table.add_row(str(s["run_id"]), s["created_at"][:16].replace("T", " "), s["status"], _fmt(s["decoder"]), _fmt(s["model"]),
-                      _fmt(s["task"]), label or "-", _fmt(s["group"]),
+        table.add_row(str(s["run_id"]), _fmt(str(s["created_at"])[:16].replace("T", " ")), _fmt(s["status"]),
+                      _fmt(s["decoder"]), _fmt(s["model"]), _fmt(s["task"]), _fmt(label or None), _fmt(s["group"]),
                       *(_fmt(s["aggregates"].get(name)) for _, name in LIST_FIGURES))
     Console().print(table)
 
@@ -82,10 +82,11 @@ def show(run_id, store_path):
     with _open(store_path) as store:
         rec = store.get_run(run_id)
     console = Console()
-    console.print(f"[bold]run {rec.run_id}[/] {rec.created_at}  status={rec.status}  config_hash={rec.config_hash[:12]}"
-                  f"  group={_fmt(rec.group)}  sweep={_fmt(rec.sweep)}  tag={_fmt(rec.tag)}")
+    console.print(f"[bold]run {rec.run_id}[/] {_fmt(rec.created_at)}  status={_fmt(rec.status)}  "
+                  f"config_hash={_fmt(rec.config_hash[:12])}  group={_fmt(rec.group)}  sweep={_fmt(rec.sweep)}  "
+                  f"tag={_fmt(rec.tag)}")
     if rec.error:
-        console.print(f"[red]error:[/] {rec.error}")
+        console.print(f"[red]error:[/] {_fmt(rec.error)}")
     console.print(_mapping_table("config", rec.config))
     console.print(_mapping_table("environment", rec.env))
     console.print(_mapping_table("aggregates", rec.aggregates))
@@ -97,7 +98,7 @@ def _mapping_table(title: str, data: dict) -> Table:
     table.add_column("name", style="bold")
     table.add_column("value", overflow="fold")
     for k, v in data.items():
-        table.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else _fmt(v))
+        table.add_row(_fmt(k), _fmt(json.dumps(v, default=str)) if isinstance(v, (dict, list)) else _fmt(v))
     return table
 
 
@@ -117,10 +118,29 @@ def _requests_table(rec: RunRecord) -> Table:
 @click.option("--out", default="-", show_default=True, help="Output file; - is stdout.")
 def export(store_path, fmt, out):
     """Export the stored runs."""
+    if out != "-":
+        if Path(out).exists() and Path(out).resolve() == Path(store_path).resolve():
+            raise UserError(f"--out {out} is the store itself: refusing to overwrite it")
+        check_output_path(Path(out))
     with _open(store_path) as store:
         n = store.export(fmt, out)
     if out != "-":
         click.echo(f"{n} runs -> {out}", err=True)
 
 
-COMMANDS = [runs, show, export]
+@click.command("import")
+@click.argument("jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@store_option
+def import_command(jsonl, store_path):
+    """Add run records from JSONL (`export`'s format, or a recovery file) to a store."""
+    try:
+        with open(jsonl) as f:
+            recs = read_jsonl(f)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{jsonl} is not a JSONL file of run records ({type(e).__name__}: {e})") from None
+    with Store(store_path) as store:
+        ids = [store.save_run(r) for r in recs]
+    click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
+
+
+COMMANDS = [runs, show, export, import_command]

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, StoreError, UserError
 from . import records
 from .parity import check_tolerance
 from .records import RunRecord
 from .runner import RunConfig, run
-from .store import Store
+from .store import Store, write_recovery
 from .tuning import TUNE_GRIDS
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
@@ -62,23 +63,16 @@ class Sweep:
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    import yaml
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"sweep file {path} does not exist")
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path} is not valid YAML: {e}") from e
-    return expand(spec, default_name=path.stem)
+    from .schema import read_sweep_file
+    return expand(read_sweep_file(path), default_name=Path(path).stem, where=str(path))
 
 
-def expand(spec: dict, default_name: str = "sweep") -> Sweep:
+def expand(spec: dict, default_name: str = "sweep", where: str = "the sweep") -> Sweep:
     """The cells of a sweep spec (the parsed YAML), in execution order: model, task, context, batch size,
     max_new_tokens, sampling, then decoder innermost, so a model loads once and a group's decoders run
     back to back under the same machine conditions."""
-    if not isinstance(spec, dict):
-        raise ConfigError("a sweep file is a mapping with at least models, decoders and tasks")
+    from .schema import check_sweep
+    check_sweep(spec, where)  # types and ranges of every key (schema.SweepSpec)
     _check_keys(spec, TOP_KEYS, "the sweep")
     for key in ("models", "decoders", "tasks"):
         if not spec.get(key):
@@ -245,6 +239,7 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
     if executor == "ray":
         from .ray_executor import require_ray
         require_ray()  # before the store is created: a missing extra leaves nothing behind
+    unsaved: list[tuple[Path | None, str]] = []
     with Store(store_path) as store:
         done = _stored_ok(store, sweep.cells) if resume else {}
         invocation = (_last_invocation(store, sweep.name) if resume else None) or records.new_group_id()
@@ -252,7 +247,10 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
         results: dict[int, RunRecord] = {i: store.get_run(run_id) for i, run_id in done.items()}
         with _CellProgress(sweep.name, len(sweep.cells), len(done), disable=not show_progress) as bar:
             def on_done(cell: Cell, rec: RunRecord) -> None:
-                store.save_run(rec)
+                try:
+                    store.save_run(rec)
+                except (sqlite3.Error, OSError) as e:  # keep the record, tell at the end
+                    unsaved.append((write_recovery(store_path, rec), " ".join(str(e).split())))
                 results[cell.index] = rec
                 bar.advance(cell, rec)
 
@@ -261,6 +259,10 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
             else:
                 from .ray_executor import run_ray
                 run_ray(todo, sweep, invocation, on_done, address=ray_address, cell_fn=cell_fn)
+    if unsaved:
+        where, why = unsaved[0]
+        raise StoreError(f"{len(unsaved)} cell(s) could not be saved to {store_path} ({why}); their records are "
+                         f"kept in {where}: `aspire-bench import {where} --store STORE` adds them to a store")
     return SweepOutcome(invocation, [results[c.index] for c in sweep.cells], len(todo), len(done))
 
 

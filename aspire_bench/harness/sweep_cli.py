@@ -20,6 +20,8 @@ from .store_cli import store_option
 @click.option("--dry-run", is_flag=True, help="List the cells and exit.")
 def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run):
     """Run a sweep: models x tasks x contexts x batch sizes x ... x decoders (see docs/sweeps.md)."""
+    from .schema import check_sweep_file
+    check_sweep_file(sweep_file)  # before the heavy imports below: a bad file fails at once
     from .sweep import load_sweep, run_sweep
     sw = load_sweep(sweep_file)
     if dry_run:

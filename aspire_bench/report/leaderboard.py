@@ -93,7 +93,7 @@ class Leaderboards:
 
 
 def load_runs(store_path: str | Path) -> list[RunRecord]:
-    with Store(store_path) as store:
+    with Store(store_path, readonly=True) as store:  # a report never writes to the store
         return [store.get_run(s["run_id"]) for s in store.list_runs()]
 
 

@@ -47,6 +47,7 @@ def row_to_sample(row: dict, index: int, prefix: str) -> Sample:
 class AimeTask(Task):
     default_max_new_tokens = 8192  # reasoning traces are long; the harness may cap it
     buckets: tuple = ()  # short prompts: no context-length buckets
+    reads_data = True
 
     def __init__(self, name: str):
         self.name = name

@@ -22,6 +22,7 @@ class Task:
     description: str = ""
     default_max_new_tokens: int = 128
     buckets: tuple = ()  # context lengths the task is meant for ("4k", "30-40k"); () = no buckets
+    reads_data: bool = False  # whether samples() reads a local dataset (--data) at all
 
     def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,
                 max_length=None) -> list[Sample]:

@@ -68,6 +68,7 @@ class LongBenchV2Task(Task):
     description = ("LongBench v2 long-document multiple choice (A-D), original 0-shot prompt, "
                    "middle truncation; buckets filter by prompt tokens (30-40k, 80-100k, ...)")
     default_max_new_tokens = 128  # the original's budget without chain of thought
+    reads_data = True
     buckets = ("16k", "32k", "30-40k", "80-100k")
 
     def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,

@@ -1,0 +1,86 @@
+"""Click types and callbacks for the CLI's options: a value that makes no sense is refused with a
+one-line usage error (exit 2) naming the option, never clamped or replaced by a default."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+from .errors import UserError
+
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (they pass every comparison or break sampling)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
+POSITIVE = click.IntRange(min=1)
+NON_NEGATIVE = click.IntRange(min=0)
+SEED = click.IntRange(0, SEED_MAX)
+TEMPERATURE = FiniteFloat(min=0.0)  # 0 = greedy
+TOP_P = FiniteFloat(min=0.0, max=1.0, min_open=True)  # 1 = off
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
+def context_len(ctx, param, value):
+    """--context-len: a bucket such as 4k or 30-40k, checked before anything is loaded."""
+    if value is None:
+        return None
+    from .tasks.buckets import parse_bucket
+    try:
+        parse_bucket(value)
+    except UserError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+def csv_list(ctx, param, value):
+    """A comma-separated option as a list (empty items dropped; none at all is an error)."""
+    items = [x.strip() for x in (value or "").split(",") if x.strip()]
+    if not items:
+        raise click.BadParameter("give at least one value")
+    return items
+
+
+def csv_contexts(ctx, param, value):
+    items = csv_list(ctx, param, value)
+    for c in items:
+        context_len(ctx, param, c)
+    return items
+
+
+def csv_positive_ints(ctx, param, value):
+    out = []
+    for x in csv_list(ctx, param, value):
+        try:
+            n = int(x)
+        except ValueError:
+            raise click.BadParameter(f"{x!r} is not an integer") from None
+        if n < 1:
+            raise click.BadParameter(f"{n} is not >= 1")
+        out.append(n)
+    return out
+
+
+def new_output_path(ctx, param, value):
+    """An --out file: its directory must exist and the file must not be a directory or a SQLite
+    database (a results store), so nothing is computed for an output that cannot be written."""
+    if value is None or str(value) == "-":
+        return value
+    from .harness.store import check_output_path
+    try:
+        check_output_path(Path(value))
+    except UserError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
