@@ -14,6 +14,7 @@ from ..tasks import get_task
 from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
+from .parity import check_tolerance, compare_runs, resolve_tolerance
 from .schema import check_run_settings
 from .store import check_store_path, save_record
 
@@ -106,6 +107,20 @@ def _generate(decoder_name, decoder_args, engine, reqs, params, batch_size, labe
     dec = get_decoder(decoder_name, **decoder_args)
     with TokenProgress(sum(r.max_new_tokens for r in reqs), label, disable=not show) as bar:
         return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
+
+
+@dataclass
+class Prepared:
+    """A run ready to measure: requests built, decoder settings resolved (tuned), warm-up done."""
+    cfg: RunConfig
+    engine: Engine
+    task: object
+    samples: list
+    reqs: list
+    params: SamplingParams
+    decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned gamma
+    reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
+    info: dict = field(default_factory=dict)  # tuning results, kept with the record
 
 
 def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = True) -> Prepared:
