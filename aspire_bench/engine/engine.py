@@ -40,7 +40,7 @@ class Engine:
 
     @property
     def max_context(self) -> int:
-        return self.cfg.max_position_embeddings
+        return self.cfg.max_context
 
     # --- KV slots -------------------------------------------------------------------------------
     def reserve(self, capacity: int) -> KVCache:
