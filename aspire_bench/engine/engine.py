@@ -33,9 +33,9 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str | Path, dtype: str = "float32", device: str = "cpu",
-                        attention_backend: str = "auto", **kw) -> Engine:
+                        attention_backend: str = "auto", rope_scaling: dict | None = None, **kw) -> Engine:
         path = resolve_model_path(model)
-        return cls(load_model(path, dtype, device), load_tokenizer(path), attention_backend,
+        return cls(load_model(path, dtype, device, rope_scaling), load_tokenizer(path), attention_backend,
                    name=str(model), **kw)
 
     @property

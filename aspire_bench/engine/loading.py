@@ -57,11 +57,21 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def read_config(path: Path) -> ModelConfig:
+def read_config(path: Path, rope_scaling: dict | None = None) -> ModelConfig:
+    """The checkpoint's config; rope_scaling (config.json's form) replaces its rope scaling, as editing
+    config.json would (e.g. YaRN for texts past the native context, as model cards prescribe)."""
     try:
         raw = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from e
+    if rope_scaling is not None:
+        if not isinstance(rope_scaling, dict):
+            raise ConfigError(f"rope_scaling must be a mapping such as {{rope_type: yarn, factor: 4.0}}, "
+                              f"not {rope_scaling!r}")
+        params = raw.pop("rope_parameters", None) or {}
+        if "rope_theta" in params:
+            raw.setdefault("rope_theta", params["rope_theta"])
+        raw["rope_scaling"] = dict(rope_scaling)
     return ModelConfig.from_hf(raw)
 
 
@@ -91,10 +101,11 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> Transformer:
+               device: str | torch.device = "cpu", rope_scaling: dict | None = None) -> Transformer:
     path = resolve_model_path(model)
     dev = resolve_device(device)
-    return build_model(read_config(path), load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
+    cfg = read_config(path, rope_scaling)
+    return build_model(cfg, load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
 
 
 def random_model(hf_config: dict, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
