@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .errors import UserError
+from .harness.tables import format_option
 
 
 def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
@@ -135,19 +136,30 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
 @click.option("--tag", default=None, help="Free label stored with the run.")
 @click.option("--group", default=None, envvar="ASPIRE_BENCH_GROUP",
               help="Runs measured side by side share a group; speedups over AR are taken within it.")
+@format_option
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
-                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag, group):
+                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, store, tag, group,
+                fmt):
     """Run a decoder on a task, print a summary and store the run."""
     from .harness.runner import RunConfig, run
-    from .harness.tables import print_summary
+    from .harness.tables import info, print_summary
     cfg = RunConfig(model=model, decoder=decoder, decoder_args=parse_decoder_args(decoder_args), task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, dtype=dtype, device=device,
                     attention_backend=attention_backend)
     result = run(cfg, store=store, tag=tag, group=group)
-    print_summary([result.record], title=f"{task} on {model}")
-    click.echo(f"stored run {result.run_id} in {store}")
+    print_summary([result.record], title=f"{task} on {model}", fmt=fmt, baselines=_group_ar_runs(store, group))
+    info(f"stored run {result.run_id} in {store}", fmt)
+
+
+def _group_ar_runs(store: str, group: str | None) -> list:
+    """The AR runs stored in `group`: the speedup of a run joining a group is over them."""
+    if group is None:
+        return []
+    from .harness.store import Store
+    with Store(store) as st:
+        return [st.get_run(s["run_id"]) for s in st.list_runs(group=group, decoder="ar", status="ok")]
 
 
 @main.command("demo")
@@ -183,12 +195,12 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--limit", default=None, type=int, help="Requests per cell (default: the batch size).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write the table as JSON.")
+@format_option
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, sampling, seed, limit, store, json_out):
+                  max_new_tokens, sampling, seed, limit, store, json_out, fmt):
     """Decoders side by side on the same requests: tok/s, ratios, acceptance, parity, bandwidth."""
-    from rich.console import Console
-
     from .harness.bench import bench, bench_table, parse_sampling
+    from .harness.tables import emit, info
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
         samplings = [parse_sampling(x) for x in split(sampling)]
@@ -196,12 +208,12 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         raise click.BadParameter(str(e), param_hint="--sampling") from None
     rows, bw = bench(model, task, split(contexts), [int(b) for b in split(batch_sizes)], split(decoders), repeat,
                      max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend)
-    Console().print(bench_table(rows, bw))
+    data = [{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
+             "decoder": r.record.config["decoder"], "run_id": r.record.run_id, **r.record.aggregates} for r in rows]
+    emit(bench_table(rows, bw), fmt, data=data)
     if json_out:
-        json_out.write_text(json.dumps([{"context": r.context, "batch_size": r.batch_size, "sampling": r.sampling,
-                                         "decoder": r.record.config["decoder"], "run_id": r.record.run_id,
-                                         **r.record.aggregates} for r in rows], indent=1))
-    click.echo(f"stored {len(rows)} runs in {store}")
+        json_out.write_text(json.dumps(data, indent=1))
+    info(f"stored {len(rows)} runs in {store}", fmt)
 
 
 @main.command("train-tiny", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

@@ -292,9 +292,11 @@ class _CellProgress:
 
     def __init__(self, name: str, total: int, done: int, disable: bool):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from ..progress import stderr_console
         self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TextColumn("cells  {task.fields[failed]} failed  last: {task.fields[last]}"),
-                           TimeElapsedColumn(), disable=disable)
+                           TimeElapsedColumn(), disable=disable, console=stderr_console())
         self._task = self._p.add_task(f"sweep {name}", total=total, completed=done, failed=0, last="-")
         self._failed = 0
 
