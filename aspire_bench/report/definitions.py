@@ -22,7 +22,7 @@ def slug(text: str) -> str:
 
 def markdown_to_html(text: str) -> str:
     try:
-        from markdown_it import MarkdownIt  # comes with rich
+        from markdown_it import MarkdownIt
     except ImportError:  # still readable, just not rendered
         return f"<pre>{esc(text)}</pre>"
     md = MarkdownIt("commonmark").enable("table")
