@@ -26,7 +26,7 @@ def model_options(f):
     for opt in reversed([
         click.option("--model", default="tiny", show_default=True,
                      help="HF checkpoint directory, or `tiny` (the bundled model)."),
-        click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16"),
+        click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16 | auto (the checkpoint's own)"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
         click.option("--attention-backend", default="auto", show_default=True, help="auto | torch | cpu | triton (auto: triton on CUDA, cpu on CPU)"),
     ]):

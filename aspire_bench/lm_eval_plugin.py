@@ -1,6 +1,6 @@
 """lm-eval model `aspire`: evaluate task accuracy with any aspire-bench decoder.
 
-    lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,gamma=4 --tasks ...
+    lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,decoder.policy=fixed,decoder.gamma=4 ...
 
 `generate_until` runs through the chosen decoder (one continuous-batching `generate` call per set
 of generation settings), so a task's accuracy is measured with exactly the decoding that is being
@@ -29,10 +29,38 @@ log = logging.getLogger(__name__)
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 # gen_kwargs we honour; anything else is reported once and ignored rather than silently dropped.
 KNOWN_GEN_KWARGS = frozenset({"until", "do_sample", "temperature", "top_p", "top_k", *MAX_TOKEN_KEYS})
+MODEL_ARGS = ("pretrained", "decoder", "dtype", "device", "batch_size", "max_length", "max_gen_toks", "store",
+              "parity", "ar_reference", "tag", "seed", "attention_backend", "add_bos_token", "revision",
+              "trust_remote_code")
 
 
 def _as_bool(value) -> bool | None:
     return parse_value(value) if isinstance(value, str) else (None if value is None else bool(value))
+
+
+def decoder_settings(settings: dict) -> dict:
+    """Decoder settings from model_args: every key must carry the `decoder.` prefix, so that model and
+    decoder settings never share a name (a mistyped or HF-only model option is not a decoder setting)."""
+    out = {}
+    for key, value in settings.items():
+        if not key.startswith("decoder."):
+            raise ConfigError(f"unknown model_args key {key!r} for the aspire model: model settings are "
+                              f"{', '.join(MODEL_ARGS)}; decoder settings take the prefix decoder. "
+                              f"(e.g. decoder.gamma=4)")
+        # lm-eval has already typed "4"/"true"; plain strings still go through our own parser.
+        out[key[len("decoder."):].replace("-", "_")] = parse_value(value) if isinstance(value, str) else value
+    return out
+
+
+def ignored_settings(dec, given: dict) -> list[str]:
+    """The given settings that the decoder reports as not in effect (None in its settings()), e.g.
+    aspire's gamma outside policy=fixed: accepted silently, they would also enter the run's key."""
+    active = dec.settings() if hasattr(dec, "settings") else {}
+    return sorted(f"{k}={v}" for k, v in given.items() if k in active and active[k] is None and v is not None)
+
+
+def _brief(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict))
 
 
 def _as_int(value, name: str) -> int:
@@ -44,26 +72,40 @@ def _as_int(value, name: str) -> int:
 
 @register_model("aspire")
 class AspireLM(TemplateLM):
-    """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, any
-    decoder setting (gamma=4, ...), dtype, device, batch_size, max_length, max_gen_toks, store, parity,
-    tag, seed, attention_backend, add_bos_token."""
+    """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, decoder
+    settings with the prefix `decoder.` (decoder.gamma=4, ...; from Python also decoder_args={...}), dtype (auto: the checkpoint's), device,
+    batch_size, max_length, max_gen_toks, store, parity, ar_reference, tag, seed, attention_backend,
+    add_bos_token; revision and trust_remote_code are accepted for lm-eval's HF conventions."""
 
     def __init__(self, pretrained: str = "tiny", decoder: str = "ar", dtype: str = "float32", device: str = "cpu",
                  batch_size: int | str = 8, max_length: int | None = None, max_gen_toks: int = 256,
                  store: str | None = None, parity: bool = False, tag: str | None = None, seed: int = 0,
                  attention_backend: str = "auto", add_bos_token: bool | None = None, max_batch_size=None,
-                 trust_remote_code=None, **decoder_args):
-        # max_batch_size / trust_remote_code: lm-eval passes them to every model; they mean nothing here.
+                 revision: str | None = None, trust_remote_code=None, ar_reference: bool = False,
+                 decoder_args: dict | None = None, **settings):
+        # max_batch_size: lm-eval passes it to every model; continuous batching has no use for it.
         super().__init__()
         from .harness.records import new_group_id
         from .harness.runner import load_engine
 
         self.pretrained = str(pretrained)
         self.decoder_name = str(decoder)
-        # lm-eval has already typed "4"/"true"; plain strings still go through our own parser.
-        self.decoder_args = {k.replace("-", "_"): parse_value(v) if isinstance(v, str) else v
-                             for k, v in decoder_args.items()}
-        get_decoder(self.decoder_name, **self.decoder_args)  # fail fast on a bad decoder or setting
+        self.decoder_args = {**(decoder_args or {}), **decoder_settings(settings)}
+        dec = get_decoder(self.decoder_name, **self.decoder_args)  # fail fast on a bad decoder or setting
+        ignored = ignored_settings(dec, self.decoder_args)
+        if ignored:
+            raise ConfigError(f"decoder {self.decoder_name!r} ignores {', '.join(ignored)} with these settings "
+                              f"(its settings: {_brief(dec.settings())}): remove {'it' if len(ignored) == 1 else 'them'}"
+                              " or set what makes it apply (e.g. decoder.policy=fixed for aspire's gamma)")
+        if revision is not None:
+            log.warning("revision=%s changes nothing: pretrained is a local checkpoint directory (or tiny); "
+                        "check out the revision you want there", revision)
+        if _as_bool(trust_remote_code):
+            log.warning("trust_remote_code=true changes nothing: the aspire model runs its own implementation "
+                        "of the supported architectures, never code from the checkpoint")
+        self.ar_reference = bool(_as_bool(ar_reference))
+        if self.ar_reference and store is None:
+            raise ConfigError("ar_reference=true stores an AR run beside each decoder run: give store=PATH")
         self.dtype, self.attention_backend = str(dtype), str(attention_backend)
         if isinstance(batch_size, str) and batch_size.startswith("auto"):
             log.warning("batch_size=%s: the aspire model has no auto batch size; using 8 "
@@ -344,27 +386,40 @@ class AspireLM(TemplateLM):
         raw = {r.id: self.tok_decode(r.output_ids) for r in output.results}
         texts = [self.cut_at_stops(raw[r.id], stops) for r in reqs]
         if self.store is not None:
-            self._record(requests, reqs, output, dict(zip((r.id for r in reqs), texts)), params, max_new)
+            self._record(requests, reqs, output, dict(zip((r.id for r in reqs), texts)), params, max_new, stops)
         return texts
 
-    def _record(self, instances, reqs, output, texts, params, max_new) -> None:
-        from .harness import metrics, records
-        from .harness.store import Store
-        parity = None
+    def _record(self, instances, reqs, output, texts, params, max_new, stops) -> None:
+        from .harness import metrics
+        parity, ar = None, None
+        if self.ar_reference and self.decoder_name != "ar":
+            # AR on the same requests, stored in the same group: the decoder's speedup over it is then
+            # shown wherever runs are compared (run summaries, leaderboard).
+            ar = self._decode(get_decoder("ar"), reqs, params, True)
+            ar_texts = {r.id: self.cut_at_stops(self.tok_decode(r.output_ids), stops) for r in ar.results}
+            self._save(instances, reqs, ar, ar_texts, params, max_new, "ar", {}, None)
         if self.parity:
             if not params.greedy:
                 self._warn_once("parity=true compares greedy outputs: skipped for sampled gen_kwargs")
             else:
-                ar = output if self.decoder_name == "ar" else self._decode(get_decoder("ar"), reqs, params, True)
+                if self.decoder_name == "ar":
+                    ar = output
+                elif ar is None:
+                    ar = self._decode(get_decoder("ar"), reqs, params, True)
                 parity = {s.id: metrics.parity(s.output_ids, a.output_ids, a.extra.get("margins", []))
                           for s, a in zip(output.results, ar.results)}
+        self._save(instances, reqs, output, texts, params, max_new, self.decoder_name, self.decoder_args, parity)
+
+    def _save(self, instances, reqs, output, texts, params, max_new, decoder, decoder_args, parity) -> None:
+        from .harness import records
+        from .harness.store import Store
         names = sorted({getattr(i, "task_name", None) or "?" for i in instances})
         config = {
-            "model": self.pretrained, "decoder": self.decoder_name, "decoder_args": self.decoder_args,
+            "model": self.pretrained, "decoder": decoder, "decoder_args": decoder_args,
             "task": "lm-eval:" + ",".join(names), "harness": "lm-eval", "context_len": None,
             "limit": len(reqs), "batch_size": self.batch_size, "max_new_tokens": max_new,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "seed": self.seed,
-            "parity": self.parity, "dtype": self.dtype, "device": self.device_name,
+            "parity": parity is not None, "dtype": self.dtype, "device": self.device_name,
             "attention_backend": self.attention_backend, "max_length": self.max_length,
             "gen_kwargs": instances[0].args[1],
         }

@@ -38,7 +38,7 @@ def resolve_model_path(model: str | Path) -> Path:
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {dtype!r}: choose float32, bfloat16 or float16")
+            raise ConfigError(f"unknown dtype {dtype!r}: choose float32, bfloat16, float16 or auto")
         dtype = DTYPES[dtype]
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("float16 is not supported on CPU here: use --dtype float32 (fastest on CPU) "
@@ -100,10 +100,29 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def checkpoint_dtype(path: Path) -> str:
+    """The dtype a checkpoint's config.json names (`torch_dtype`, or 5.x `dtype`); float32 when none."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from e
+    name = str(raw.get("dtype") or raw.get("torch_dtype") or "float32").removeprefix("torch.")
+    if name not in DTYPES:
+        raise CheckpointError(f"dtype auto: {path / 'config.json'} names dtype {name!r}; pass float32, "
+                              "bfloat16 or float16 instead")
+    return name
+
+
 def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", rope_scaling: dict | None = None) -> Transformer:
+    """dtype "auto": the checkpoint's own (config.json's torch_dtype)."""
     path = resolve_model_path(model)
     dev = resolve_device(device)
+    if dtype == "auto":
+        dtype = checkpoint_dtype(path)
+        if dev.type == "cpu" and DTYPES[dtype] == torch.float16:
+            raise ConfigError("dtype auto: the checkpoint is float16, which is not supported on CPU here: "
+                              "pass float32 (fastest on CPU) or bfloat16")
     cfg = read_config(path, rope_scaling)
     return build_model(cfg, load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
 
