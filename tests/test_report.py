@@ -413,6 +413,8 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
     assert "near-tie" in browser.eval('document.querySelector("table.divergences").innerText')
     browser.open((out / "metrics.html").as_uri())
     assert browser.errors() == [] and browser.eval('!!document.getElementById("exactness-parity")')
+    browser.open((out / "leaderboard.html").as_uri())  # the guide's screenshot is not carried: no broken image
+    assert browser.errors() == [] and browser.eval('document.images.length') == 0
 
 
 def test_speedup_reference_is_the_same_setup_in_the_same_group():
