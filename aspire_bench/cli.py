@@ -1,6 +1,7 @@
 """The `aspire-bench` command line. User errors print one line and exit 2 (no traceback)."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -34,13 +35,30 @@ def model_options(f):
     return f
 
 
-def decoder_options(f):
+class TokenCount(click.ParamType):
+    """A number of tokens: 4096, 4k or 4.5k (k = 1024), as context buckets are written."""
+    name = "tokens"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from .tasks.buckets import parse_bucket
+        try:
+            lo, hi = parse_bucket(value)
+        except UserError as e:
+            self.fail(f"{e}; here one length, e.g. 4096 or 4k", param, ctx)
+        if lo != hi:
+            self.fail(f"{value!r} is a window; give one length, e.g. 4096 or 4k", param, ctx)
+        return lo
+
+
+def decoder_options(f, max_new_help: str = "Default: the task's own."):
     for opt in reversed([
         click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
         click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
                      help="Decoder setting, repeatable (e.g. gamma=4)."),
         click.option("--batch-size", default=8, show_default=True, type=int),
-        click.option("--max-new-tokens", default=None, type=int, help="Default: the task's own."),
+        click.option("--max-new-tokens", default=None, type=int, help=max_new_help),
         click.option("--temperature", default=0.0, show_default=True, type=float),
         click.option("--top-k", default=0, show_default=True, type=int),
         click.option("--top-p", default=1.0, show_default=True, type=float),
@@ -95,7 +113,7 @@ def read_prompts(path: Path, tokenizer) -> list[tuple[str, list[int]]]:
 
 @main.command()
 @model_options
-@decoder_options
+@functools.partial(decoder_options, max_new_help="Default: 128.")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
               help='JSONL with {"id", "prompt"} or {"id", "input_ids"} per line.')
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
@@ -244,7 +262,8 @@ def decoders_command():
 @main.command("calibrate")
 @model_options
 @click.option("--batch-size", default=8, show_default=True, type=int)
-@click.option("--context-len", default=4096, show_default=True, type=int, help="Context of each request (tokens).")
+@click.option("--context-len", default=4096, show_default=True, type=TokenCount(),
+              help="Context of each request in tokens (4096 or 4k).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--out", default=None, type=click.Path(path_type=Path),
               help="Where to save the fit (default: the cache aspire looks in).")

@@ -131,3 +131,12 @@ def test_info_lines_leave_json_stdout_clean(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
     tables.info("stored run 1", "json")
     assert "stored run 1" in capsys.readouterr().err
+
+
+def test_small_cli_things():
+    from aspire_bench.cli import TokenCount
+    assert TokenCount().convert("4k", None, None) == 4096 and TokenCount().convert("4096", None, None) == 4096
+    r = cli("calibrate", "--context-len", "30-40k")
+    assert r.exit_code == 2 and "one length" in r.output
+    assert "Default: 128." in cli("generate", "--help").output
+    assert "auto" in cli("run", "--help").output  # --dtype auto
