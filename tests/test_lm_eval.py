@@ -163,7 +163,7 @@ def test_cli_wrapper_end_to_end(random_tiny, tmp_path):
 
     from aspire_bench.lm_eval_cli import lm_eval_command
     out_dir, db = tmp_path / "out", tmp_path / "cli.db"
-    args = ["--skip-builtin-tasks", "run", "--model", "aspire",
+    args = ["--skip-builtin-tasks", "--ar-reference", "run", "--model", "aspire",
             "--model_args", f"pretrained={random_tiny},decoder=aspire,decoder.min_pages=1,store={db}",
             "--tasks", "aspire_aime_mini", "--include_path", str(TASKS), "--limit", "2",
             "--batch_size", "2", "--gen_kwargs", "max_gen_toks=4", "--device", "cpu",
@@ -177,8 +177,16 @@ def test_cli_wrapper_end_to_end(random_tiny, tmp_path):
     assert set(results) == {"aspire_aime_mini"}
     assert len(list(out_dir.rglob("samples_aspire_aime_mini_*.jsonl"))) == 1
     with Store(db) as st:
-        (run,) = st.list_runs()
+        ar, run = st.list_runs()  # --ar-reference: AR on the same requests, in the same group
     assert run["task"] == "lm-eval:aspire_aime_mini" and run["aggregates"]["n_requests"] == 2
+    assert (ar["decoder"], run["decoder"]) == ("ar", "aspire") and ar["group"] == run["group"]
+
+
+def test_with_model_arg():
+    from aspire_bench.lm_eval_cli import with_model_arg
+    assert with_model_arg(["--model_args", "a=1", "--x"], "b=2") == ["--model_args", "a=1,b=2", "--x"]
+    assert with_model_arg(["--model_args=a=1"], "b=2") == ["--model_args=a=1,b=2"]
+    assert with_model_arg(["--tasks", "t"], "b=2") == ["--tasks", "t", "--model_args", "b=2"]
 
 
 def test_model_and_decoder_args_are_separate(random_tiny, caplog):
