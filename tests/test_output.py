@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from rich.table import Table
+from test_store import make_record
 
 import aspire_bench
 from aspire_bench.harness import tables
 from aspire_bench.harness.store import Store
 from aspire_bench.harness.store_cli import COMMANDS
 from aspire_bench.progress import TokenProgress
-from test_store import make_record
 
 CMD = {c.name: c for c in COMMANDS}
 

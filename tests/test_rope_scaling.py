@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_checkpoint
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.engine import Engine, load_model
 from aspire_bench.errors import CheckpointError
-
-from conftest import make_checkpoint
 
 ORIGINAL = 48  # the original context; every request below decodes well past it
 
@@ -45,7 +44,6 @@ def test_dynamic_ntk_equals_transformers_past_the_original_context(tmp_path):
 
 def test_mistral_without_sliding_window_is_a_llama(tmp_path):
     import transformers as tf
-
     from conftest import COMMON
     torch.manual_seed(0)
     hf = tf.MistralForCausalLM(tf.MistralConfig(**{**COMMON, "sliding_window": None})).eval()
@@ -74,7 +72,7 @@ def test_rotations_equal_transformers_token_by_token(rope, tmp_path):
     hf = make_checkpoint("qwen2", tmp_path, rope_scaling=rope, max_position_embeddings=ORIGINAL)
     ours = load_model(tmp_path)
     x = torch.zeros(1, 1, 16)
-    for p in range(0, 3 * ORIGINAL):
+    for p in range(3 * ORIGINAL):
         cos, sin = hf.model.rotary_emb(x, torch.tensor([[p]]))
         c, s = ours._rope_tables(torch.tensor([p]))
         torch.testing.assert_close(c, cos[0], atol=2e-5, rtol=0)  # fp32 angles of up to ~150 rad

@@ -5,7 +5,6 @@ Every figure is defined in docs/metrics.md; keep the two in step.
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass

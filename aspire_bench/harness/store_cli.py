@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
@@ -81,7 +82,7 @@ def runs(store_path, limit, fmt, **filters):
 
 def _given(value) -> bool:
     """Not None and not NaN (pandas fills absent values with NaN)."""
-    return value is not None and value == value
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 @click.command()
