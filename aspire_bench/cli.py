@@ -274,7 +274,7 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
     engine = load_engine(model, dtype, device, attention_backend)
     if context_len + 32 > engine.max_context:
         raise UserError(f"--context-len {context_len} exceeds the model's maximum context {engine.max_context}")
-    with click.progressbar(length=1, label="timing mixed steps") as bar:
+    with click.progressbar(length=1, label="timing mixed steps", file=click.get_text_stream("stderr")) as bar:
         def progress(i, n):
             bar.length = n
             bar.update(1)
