@@ -74,8 +74,8 @@ def with_model_arg(args: list[str], pair: str) -> list[str]:
 @click.option("--skip-builtin-tasks", is_flag=True,
               help="Only load tasks from --include_path (faster start; built-in task names are then unknown).")
 @click.option("--ar-reference", is_flag=True,
-              help="Also run AR on the same requests, stored in the same group, so the decoder's runs show "
-                   "their speedup (adds ar_reference=true to --model_args; needs store=PATH there).")
+              help="Also run AR on the same requests, stored in the same group, so the leaderboard shows the "
+                   "decoder's speedup (adds ar_reference=true to --model_args; needs store=PATH there).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def lm_eval_command(skip_builtin_tasks, ar_reference, args):
     """Run lm-eval with the aspire model: all arguments go to lm-eval (`--help` prints lm-eval's help).
