@@ -1,6 +1,7 @@
 """The `aspire-bench` command line. User errors print one line and exit 2 (no traceback)."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import contextmanager
@@ -9,7 +10,9 @@ from pathlib import Path
 import click
 
 from . import cli_types as T
+from .cli_types import TokenCount
 from .errors import UserError
+from .harness.tables import format_option
 
 
 def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
@@ -31,7 +34,7 @@ def model_options(f):
         click.option("--model", default="tiny", show_default=True,
                      help="HF checkpoint directory, or `tiny` (the bundled model)."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(T.DTYPES),
-                     help="float32 | bfloat16 | float16"),
+                     help="float32 | bfloat16 | float16 | auto (the checkpoint's own)"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
         click.option("--attention-backend", default="auto", show_default=True,
                      type=click.Choice(T.ATTENTION_BACKENDS),
@@ -41,13 +44,13 @@ def model_options(f):
     return f
 
 
-def decoder_options(f):
+def decoder_options(f, max_new_help: str = "Default: the task's own."):
     for opt in reversed([
         click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
         click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
                      help="Decoder setting, repeatable (e.g. gamma=4)."),
         click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE),
-        click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the task's own."),
+        click.option("--max-new-tokens", default=None, type=T.POSITIVE, help=max_new_help),
         click.option("--temperature", default=0.0, show_default=True, type=T.TEMPERATURE, help="0 = greedy."),
         click.option("--top-k", default=0, show_default=True, type=T.NON_NEGATIVE, help="0 = off."),
         click.option("--top-p", default=1.0, show_default=True, type=T.TOP_P, help="1 = off."),
@@ -116,7 +119,7 @@ def main(threads):
 
 @main.command()
 @model_options
-@decoder_options
+@functools.partial(decoder_options, max_new_help="Default: 128.")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
               help='JSONL with {"id", "prompt"} or {"id", "input_ids"} per line.')
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path), callback=T.new_output_path,
@@ -191,9 +194,10 @@ def _keep_partial(partial: Path):
                    "every decoder does the same work); the group's speedups are marked 'unequal work'.")
 @click.option("--tune", is_flag=True, help="magicdec / vegas: choose gamma on separate tuning requests first.")
 @measure_options
+@format_option
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
-                store, tag, group, unequal_work, tune, percentiles, save_result):
+                store, tag, group, unequal_work, tune, percentiles, save_result, fmt):
     """Run a decoder on a task, print a summary and store the run."""
     from .harness.store import check_store_path
     from .tasks import get_task
@@ -207,18 +211,37 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
 
     from .harness.records import vllm_result
     from .harness.runner import RunConfig, run
-    from .harness.tables import print_summary
+    from .harness.tables import info, print_summary
     qs = parse_percentiles(percentiles)
     cfg = RunConfig(model=model, decoder=decoder, decoder_args=decoder_args, task=task,
                     data=data, limit=limit, context_len=context_len, batch_size=batch_size,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    repeat=repeat, parity=parity, parity_tolerance=parity_tolerance, dtype=dtype, device=device,
+                    repeat=repeat, parity=parity, parity_tolerance=parity_tolerance,
+                    dtype=_concrete_dtype(model, dtype), device=device,
                     attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
     result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
-    print_summary([result.record], title=escape(f"{task} on {model}"), percentiles=qs)
+    print_summary([result.record], title=escape(f"{task} on {model}"), fmt=fmt,
+                  baselines=_group_ar_runs(store, group), percentiles=qs)
     if save_result:
         write_json(save_result, vllm_result(result.record, qs))
-    click.echo(f"stored run {result.run_id} in {store}")
+    info(f"stored run {result.run_id} in {store}", fmt)
+
+
+def _group_ar_runs(store: str, group: str | None) -> list:
+    """The AR runs stored in `group`: the speedup of a run joining a group is over them."""
+    if group is None:
+        return []
+    from .harness.store import Store
+    with Store(store, readonly=True) as st:  # a read: the run itself is already saved
+        return [st.get_run(s["run_id"]) for s in st.list_runs(group=group, decoder="ar", status="ok")]
+
+
+def _concrete_dtype(model: str, dtype: str) -> str:
+    """--dtype auto as the checkpoint's own dtype, so a stored run names the dtype it ran in."""
+    if dtype != "auto":
+        return dtype
+    from .engine.loading import checkpoint_dtype, resolve_model_path
+    return checkpoint_dtype(resolve_model_path(model))
 
 
 @main.command("demo")
@@ -257,20 +280,20 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--no-bound", is_flag=True, help="Skip measuring step costs (no bound share).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
-              help="Also write the table as JSON.")
+              help="Also write the rows as JSON (a list of rows; see docs/metrics.md).")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
 @measure_options
+@format_option
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
                   max_new_tokens, sampling, seed, limit, no_tune, no_bound, store, json_out, parity_tolerance,
-                  percentiles, save_result):
+                  percentiles, save_result, fmt):
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
-    from rich.console import Console
-
     from .decoders import get_decoder
     from .harness.bench import bench, bench_table, parse_sampling
     from .harness.records import vllm_result
     from .harness.store import check_store_path
+    from .harness.tables import emit, info
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
         samplings = [parse_sampling(x) for x in split(sampling)]
@@ -285,15 +308,17 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
-                     max_new_tokens, samplings, seed, limit, store, dtype, device, attention_backend,
-                     tune=not no_tune, percentiles=qs, bound=not no_bound, parity_tolerance=parity_tolerance)
-    Console().print(bench_table(rows, bw))
+                     max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
+                     attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
+                     parity_tolerance=parity_tolerance)
+    data = [r.to_json() for r in rows]  # the `--json` contract, also what --format json prints
+    emit(bench_table(rows, bw), fmt, data=data)
     if json_out:
-        write_json(json_out, [r.to_json() for r in rows])
+        write_json(json_out, data)
     if save_result:
         write_json(save_result, [{**vllm_result(r.record, qs), "context": r.context, "sampling": r.sampling,
                                   "tuned": r.tuned} for r in rows])
-    click.echo(f"stored {len(rows)} runs in {store}")
+    info(f"stored {len(rows)} runs in {store}", fmt)
 
 
 @main.command("train-tiny", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
@@ -324,8 +349,8 @@ def decoders_command():
 @main.command("calibrate")
 @model_options
 @click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE)
-@click.option("--context-len", default=4096, show_default=True, type=T.POSITIVE,
-              help="Context of each request (tokens).")
+@click.option("--context-len", default=4096, show_default=True, type=TokenCount(),
+              help="Context of each request in tokens (4096 or 4k).")
 @click.option("--repeats", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
               help="Where to save the fit (default: the cache aspire looks in).")
@@ -336,7 +361,7 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
     engine = load_engine(model, dtype, device, attention_backend)
     if context_len + 32 > engine.max_context:
         raise UserError(f"--context-len {context_len} exceeds the model's maximum context {engine.max_context}")
-    with click.progressbar(length=1, label="timing mixed steps") as bar:
+    with click.progressbar(length=1, label="timing mixed steps", file=click.get_text_stream("stderr")) as bar:
         def progress(i, n):
             bar.length = n
             bar.update(1)

@@ -29,8 +29,25 @@ NON_NEGATIVE = click.IntRange(min=0)
 SEED = click.IntRange(0, SEED_MAX)
 TEMPERATURE = FiniteFloat(min=0.0)  # 0 = greedy
 TOP_P = FiniteFloat(min=0.0, max=1.0, min_open=True)  # 1 = off
-DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto")  # auto: the checkpoint's own
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
+class TokenCount(click.ParamType):
+    """A number of tokens: 4096, 4k or 4.5k (k = 1024), as context buckets are written."""
+    name = "tokens"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from .tasks.buckets import parse_bucket
+        try:
+            lo, hi = parse_bucket(value)
+        except UserError as e:
+            self.fail(f"{e}; here one length, e.g. 4096 or 4k", param, ctx)
+        if lo != hi:
+            self.fail(f"{value!r} is a window; give one length, e.g. 4096 or 4k", param, ctx)
+        return lo
 
 
 def context_len(ctx, param, value):

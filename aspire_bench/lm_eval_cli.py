@@ -56,17 +56,36 @@ def run_lm_eval(args: list[str], skip_builtin_tasks: bool = False) -> int:
     return 0
 
 
+def with_model_arg(args: list[str], pair: str) -> list[str]:
+    """lm-eval arguments with `pair` appended to --model_args (added when absent)."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--model_args" and i + 1 < len(out):
+            out[i + 1] = f"{out[i + 1]},{pair}" if out[i + 1] else pair
+            return out
+        if a.startswith("--model_args="):
+            out[i] = f"{a},{pair}" if a != "--model_args=" else f"{a}{pair}"
+            return out
+    return [*out, "--model_args", pair]
+
+
 @click.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
                                             "help_option_names": []})
 @click.option("--skip-builtin-tasks", is_flag=True,
               help="Only load tasks from --include_path (faster start; built-in task names are then unknown).")
+@click.option("--ar-reference", is_flag=True,
+              help="Also run AR on the same requests, stored in the same group, so the leaderboard shows the "
+                   "decoder's speedup (adds ar_reference=true to --model_args; needs store=PATH there).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def lm_eval_command(skip_builtin_tasks, args):
+def lm_eval_command(skip_builtin_tasks, ar_reference, args):
     """Run lm-eval with the aspire model: all arguments go to lm-eval (`--help` prints lm-eval's help).
 
-    e.g. aspire-bench lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,gamma=4
+    e.g. aspire-bench lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,decoder.gamma_init=4
     --tasks aspire_aime_mini --include_path examples/lm_eval_tasks --limit 2"""
-    status = run_lm_eval(list(args), skip_builtin_tasks)
+    args = list(args)
+    if ar_reference:
+        args = with_model_arg(args, "ar_reference=true")
+    status = run_lm_eval(args, skip_builtin_tasks)
     if status:
         sys.exit(status)
 

@@ -1,6 +1,6 @@
 """lm-eval model `aspire`: evaluate task accuracy with any aspire-bench decoder.
 
-    lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,gamma=4 --tasks ...
+    lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire,decoder.policy=fixed,decoder.gamma=4 ...
 
 `generate_until` runs through the chosen decoder (one continuous-batching `generate` call per set
 of generation settings), so a task's accuracy is measured with exactly the decoding that is being
@@ -30,10 +30,38 @@ log = logging.getLogger(__name__)
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 # gen_kwargs we honour; anything else is reported once and ignored rather than silently dropped.
 KNOWN_GEN_KWARGS = frozenset({"until", "do_sample", "temperature", "top_p", "top_k", *MAX_TOKEN_KEYS})
+MODEL_ARGS = ("pretrained", "decoder", "dtype", "device", "batch_size", "max_length", "max_gen_toks", "store",
+              "parity", "parity_tolerance", "ar_reference", "tag", "seed", "attention_backend", "add_bos_token",
+              "equal_work", "revision", "trust_remote_code")
 
 
 def _as_bool(value) -> bool | None:
     return parse_value(value) if isinstance(value, str) else (None if value is None else bool(value))
+
+
+def decoder_settings(settings: dict) -> dict:
+    """Decoder settings from model_args: every key must carry the `decoder.` prefix, so that model and
+    decoder settings never share a name (a mistyped or HF-only model option is not a decoder setting)."""
+    out = {}
+    for key, value in settings.items():
+        if not key.startswith("decoder."):
+            raise ConfigError(f"unknown model_args key {key!r} for the aspire model: model settings are "
+                              f"{', '.join(MODEL_ARGS)}; decoder settings take the prefix decoder. "
+                              f"(e.g. decoder.gamma=4)")
+        # lm-eval has already typed "4"/"true"; plain strings still go through our own parser.
+        out[key[len("decoder."):].replace("-", "_")] = parse_value(value) if isinstance(value, str) else value
+    return out
+
+
+def ignored_settings(dec, given: dict) -> list[str]:
+    """The given settings that the decoder reports as not in effect (None in its settings()), e.g.
+    aspire's gamma outside policy=fixed: accepted silently, they would also enter the run's key."""
+    active = dec.settings() if hasattr(dec, "settings") else {}
+    return sorted(f"{k}={v}" for k, v in given.items() if k in active and active[k] is None and v is not None)
+
+
+def _brief(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict))
 
 
 def _as_int(value, name: str) -> int:
@@ -45,17 +73,20 @@ def _as_int(value, name: str) -> int:
 
 @register_model("aspire")
 class AspireLM(TemplateLM):
-    """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, any
-    decoder setting (gamma=4, ...), dtype, device, batch_size, max_length, max_gen_toks, store, parity,
-    parity_tolerance, tag, seed, attention_backend, add_bos_token, equal_work."""
+    """lm-eval model over an aspire-bench Engine and decoder. model_args: pretrained, decoder, decoder
+    settings with the prefix `decoder.` (decoder.gamma=4, ...; from Python also decoder_args={...}),
+    dtype (auto: the checkpoint's), device, batch_size, max_length, max_gen_toks, store, parity,
+    parity_tolerance, ar_reference, tag, seed, attention_backend, add_bos_token, equal_work; revision and
+    trust_remote_code are accepted for lm-eval's HF conventions."""
 
     def __init__(self, pretrained: str = "tiny", decoder: str = "ar", dtype: str = "float32", device: str = "cpu",
                  batch_size: int | str = 8, max_length: int | None = None, max_gen_toks: int = 256,
                  store: str | None = None, parity: bool = False, parity_tolerance: float | None = None,
                  tag: str | None = None, seed: int = 0,
                  attention_backend: str = "auto", add_bos_token: bool | None = None, max_batch_size=None,
-                 trust_remote_code=None, equal_work: bool = True, **decoder_args):
-        # max_batch_size / trust_remote_code: lm-eval passes them to every model; they mean nothing here.
+                 revision: str | None = None, trust_remote_code=None, ar_reference: bool = False,
+                 equal_work: bool = True, decoder_args: dict | None = None, **settings):
+        # max_batch_size: lm-eval passes it to every model; continuous batching has no use for it.
         super().__init__()
         from .harness.parity import check_tolerance
         from .harness.records import new_group_id
@@ -63,10 +94,22 @@ class AspireLM(TemplateLM):
 
         self.pretrained = str(pretrained)
         self.decoder_name = str(decoder)
-        # lm-eval has already typed "4"/"true"; plain strings still go through our own parser.
-        self.decoder_args = {k.replace("-", "_"): parse_value(v) if isinstance(v, str) else v
-                             for k, v in decoder_args.items()}
-        get_decoder(self.decoder_name, **self.decoder_args)  # fail fast on a bad decoder or setting
+        self.decoder_args = {**(decoder_args or {}), **decoder_settings(settings)}
+        dec = get_decoder(self.decoder_name, **self.decoder_args)  # fail fast on a bad decoder or setting
+        ignored = ignored_settings(dec, self.decoder_args)
+        if ignored:
+            raise ConfigError(f"decoder {self.decoder_name!r} ignores {', '.join(ignored)} with these settings "
+                              f"(its settings: {_brief(dec.settings())}): remove {'it' if len(ignored) == 1 else 'them'}"
+                              " or set what makes it apply (e.g. decoder.policy=fixed for aspire's gamma)")
+        if revision is not None:
+            log.warning("revision=%s changes nothing: pretrained is a local checkpoint directory (or tiny); "
+                        "check out the revision you want there", revision)
+        if _as_bool(trust_remote_code):
+            log.warning("trust_remote_code=true changes nothing: the aspire model runs its own implementation "
+                        "of the supported architectures, never code from the checkpoint")
+        self.ar_reference = bool(_as_bool(ar_reference))
+        if self.ar_reference and store is None:
+            raise ConfigError("ar_reference=true stores an AR run beside each decoder run: give store=PATH")
         self.dtype, self.attention_backend = str(dtype), str(attention_backend)
         if isinstance(batch_size, str) and batch_size.startswith("auto"):
             log.warning("batch_size=%s: the aspire model has no auto batch size; using 8 "
@@ -85,6 +128,8 @@ class AspireLM(TemplateLM):
         self.group = new_group_id()  # the runs one lm-eval invocation records share a group
 
         self.engine = load_engine(self.pretrained, self.dtype, str(device), self.attention_backend)
+        if self.dtype == "auto":  # runs are stored with the dtype they ran in
+            self.dtype = str(self.engine.dtype).removeprefix("torch.")
         self._device = self.engine.device
         self.device_name = str(device)
         self.tokenizer = self.engine.tokenizer
@@ -353,33 +398,50 @@ class AspireLM(TemplateLM):
             rid = f"{getattr(inst, 'task_name', None) or 'request'}/{getattr(inst, 'doc_id', None)}#{n}"
             reqs.append(Request(rid, ids, max_new, stop_check=None if full else self.stop_check(stops)))
         output = self._decode(dec, reqs, params, disable_tqdm)
+        texts = self._texts(output, stops, full)
+        if self.store is not None:
+            self._record(requests, reqs, output, texts, params, max_new, stops, full)
+        return [texts[r.id] for r in reqs]
+
+    def _texts(self, output, stops: list[str], full: bool) -> dict[str, str]:
+        """Each request's text, cut at the first stop string (and, for equal work, the first EOS: the
+        tokens past it were generated for the throughput figures only)."""
         eos = set(self.eos_token_ids)
         raw = {r.id: self.tok_decode(next((r.output_ids[:i] for i, t in enumerate(r.output_ids) if t in eos),
                                           r.output_ids) if full else r.output_ids) for r in output.results}
-        texts = [self.cut_at_stops(raw[r.id], stops) for r in reqs]
-        if self.store is not None:
-            self._record(requests, reqs, output, dict(zip((r.id for r in reqs), texts)), params, max_new)
-        return texts
+        return {rid: self.cut_at_stops(text, stops) for rid, text in raw.items()}
 
-    def _record(self, instances, reqs, output, texts, params, max_new) -> None:
-        from .harness import records
+    def _record(self, instances, reqs, output, texts, params, max_new, stops, full) -> None:
         from .harness.parity import compare_runs, resolve_tolerance
-        from .harness.store import Store
-        parity = None
+        parity, ar = None, None
+        if self.ar_reference and self.decoder_name != "ar":
+            # AR on the same requests, stored in the same group: the decoder's speedup over it is then
+            # shown wherever runs are compared (run summaries, leaderboard).
+            ar = self._decode(get_decoder("ar"), reqs, params, True)
+            self._save(instances, reqs, ar, self._texts(ar, stops, full), params, max_new, "ar", {}, None)
         if self.parity:
             if not params.greedy:
                 self._warn_once("parity=true compares greedy outputs: skipped for sampled gen_kwargs")
             else:
-                ar = output if self.decoder_name == "ar" else self._decode(get_decoder("ar"), reqs, params, True)
+                if self.decoder_name == "ar":
+                    ar = output
+                elif ar is None:
+                    ar = self._decode(get_decoder("ar"), reqs, params, True)
                 tolerance = resolve_tolerance(self.parity_tolerance, self.engine.dtype)
                 parity = compare_runs(output.results, ar.results, tolerance)
+        self._save(instances, reqs, output, texts, params, max_new, self.decoder_name, self.decoder_args, parity)
+
+    def _save(self, instances, reqs, output, texts, params, max_new, decoder, decoder_args, parity) -> None:
+        from .harness import records
+        from .harness.store import Store
         names = sorted({getattr(i, "task_name", None) or "?" for i in instances})
         config = {
-            "model": self.pretrained, "decoder": self.decoder_name, "decoder_args": self.decoder_args,
+            "model": self.pretrained, "decoder": decoder, "decoder_args": decoder_args,
             "task": "lm-eval:" + ",".join(names), "harness": "lm-eval", "context_len": None,
             "limit": len(reqs), "batch_size": self.batch_size, "max_new_tokens": max_new,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "seed": self.seed,
-            "parity": self.parity, "parity_tolerance": self.parity_tolerance, "dtype": self.dtype, "device": self.device_name,
+            "parity": parity is not None, "parity_tolerance": self.parity_tolerance if parity is not None else None,
+            "dtype": self.dtype, "device": self.device_name,
             "attention_backend": self.attention_backend, "max_length": self.max_length,
             "gen_kwargs": instances[0].args[1], "equal_work": self.equal_work,
         }

@@ -37,7 +37,7 @@ def test_simple_evaluate_example_tasks_records_the_run(random_tiny, tmp_path):
     tm = TaskManager(include_path=str(TASKS), include_defaults=False)  # built-ins take a minute to index
     out = lm_eval.simple_evaluate(
         model="aspire", tasks=["aspire_aime_mini", "aspire_mc_mini"], task_manager=tm, limit=2,
-        model_args=f"pretrained={random_tiny},decoder=aspire,min_pages=1,batch_size=2,store={db},parity=true",
+        model_args=f"pretrained={random_tiny},decoder=aspire,decoder.min_pages=1,batch_size=2,store={db},parity=true",
         gen_kwargs="max_gen_toks=6", log_samples=True)
     res = out["results"]
     assert 0.0 <= res["aspire_aime_mini"]["exact_match,boxed"] <= 1.0
@@ -96,7 +96,7 @@ def test_aspire_and_ar_generate_the_same_and_honour_stop_strings(random_tiny, tm
     first = rec.requests[0]
     assert first.finish_reason == "stop" and len(first.output_ids) < 10
     assert stop in lm.tok_decode(first.output_ids) and stop not in lm.tok_decode(first.output_ids[:-1])
-    aspire = AspireLM(pretrained=str(random_tiny), decoder="aspire", min_pages=1, gamma_init=4, batch_size=2,
+    aspire = AspireLM(pretrained=str(random_tiny), decoder="aspire", decoder_args={"min_pages": 1, "gamma_init": 4}, batch_size=2,
                       max_length=96)
     assert aspire.generate_until(reqs) == ar
     assert aspire.generate_until([gen_request(p, {"until": [], "max_gen_toks": 10}, i)
@@ -182,8 +182,8 @@ def test_cli_wrapper_end_to_end(random_tiny, tmp_path):
 
     from aspire_bench.lm_eval_cli import lm_eval_command
     out_dir, db = tmp_path / "out", tmp_path / "cli.db"
-    args = ["--skip-builtin-tasks", "run", "--model", "aspire",
-            "--model_args", f"pretrained={random_tiny},decoder=aspire,min_pages=1,store={db}",
+    args = ["--skip-builtin-tasks", "--ar-reference", "run", "--model", "aspire",
+            "--model_args", f"pretrained={random_tiny},decoder=aspire,decoder.min_pages=1,store={db}",
             "--tasks", "aspire_aime_mini", "--include_path", str(TASKS), "--limit", "2",
             "--batch_size", "2", "--gen_kwargs", "max_gen_toks=4", "--device", "cpu",
             "--output_path", str(out_dir), "--log_samples"]
@@ -196,5 +196,58 @@ def test_cli_wrapper_end_to_end(random_tiny, tmp_path):
     assert set(results) == {"aspire_aime_mini"}
     assert len(list(out_dir.rglob("samples_aspire_aime_mini_*.jsonl"))) == 1
     with Store(db) as st:
-        (run,) = st.list_runs()
+        ar, run = st.list_runs()  # --ar-reference: AR on the same requests, in the same group
     assert run["task"] == "lm-eval:aspire_aime_mini" and run["aggregates"]["n_requests"] == 2
+    assert (ar["decoder"], run["decoder"]) == ("ar", "aspire") and ar["group"] == run["group"]
+
+
+def test_with_model_arg():
+    from aspire_bench.lm_eval_cli import with_model_arg
+    assert with_model_arg(["--model_args", "a=1", "--x"], "b=2") == ["--model_args", "a=1,b=2", "--x"]
+    assert with_model_arg(["--model_args=a=1"], "b=2") == ["--model_args=a=1,b=2"]
+    assert with_model_arg(["--tasks", "t"], "b=2") == ["--tasks", "t", "--model_args", "b=2"]
+
+
+def test_model_and_decoder_args_are_separate(random_tiny, caplog):
+    from aspire_bench.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"unknown model_args key 'gamma'.*decoder\.gamma=4"):
+        AspireLM(pretrained=str(random_tiny), decoder="aspire", gamma=4)
+    with pytest.raises(ConfigError, match=r"ignores gamma=4.*policy=adaptive"):
+        AspireLM(pretrained=str(random_tiny), decoder="aspire", **{"decoder.gamma": 4})
+    fixed = AspireLM(pretrained=str(random_tiny), decoder="aspire", **{"decoder.policy": "fixed", "decoder.gamma": 4})
+    assert fixed.decoder_args == {"policy": "fixed", "gamma": 4}
+    with caplog.at_level("WARNING"):
+        lm = AspireLM.create_from_arg_string(f"pretrained={random_tiny},revision=main,trust_remote_code=true,"
+                                             "dtype=auto")
+    assert "revision=main changes nothing" in caplog.text and "trust_remote_code" in caplog.text
+    assert lm.engine.dtype == torch.float32  # the checkpoint's torch_dtype
+    with pytest.raises(ConfigError, match="store=PATH"):
+        AspireLM(pretrained=str(random_tiny), decoder="aspire", ar_reference=True)
+
+
+def test_checkpoint_dtype_is_read_from_config(tmp_path):
+    from aspire_bench.engine.loading import checkpoint_dtype
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert checkpoint_dtype(tmp_path) == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float16"}))
+    assert checkpoint_dtype(tmp_path) == "float16"
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_dtype(tmp_path) == "float32"
+
+
+def test_ar_reference_stores_ar_in_the_same_group(random_tiny, tmp_path):
+    from aspire_bench.harness.tables import summary_table, table_data
+    db = str(tmp_path / "r.db")
+    lm = AspireLM(pretrained=str(random_tiny), decoder="aspire", decoder_args={"min_pages": 1}, batch_size=2,
+                  max_length=96, store=db, ar_reference=True)
+    lm.generate_until([gen_request(p, {"until": [], "max_gen_toks": 6}, i)
+                       for i, p in enumerate(["a b c", "the keeper"])])
+    with Store(db) as st:
+        recs = [st.get_run(s["run_id"]) for s in st.list_runs()]
+    assert [r.config["decoder"] for r in recs] == ["ar", "aspire"] and recs[0].group == recs[1].group
+    assert recs[0].config["decoder_args"] == {} and recs[0].config["task"] == recs[1].config["task"]
+    assert [r.output_ids for r in recs[0].requests] == [r.output_ids for r in recs[1].requests]  # greedy
+    headers, rows = table_data(summary_table(recs))
+    assert rows[1][headers.index("speedup vs AR")].endswith("x")
+    from aspire_bench.report import figures  # the leaderboard's reference: this AR run
+    assert [a.run_id for a in figures.ar_references(recs)[recs[1].run_id]] == [recs[0].run_id]

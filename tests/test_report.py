@@ -115,6 +115,18 @@ def test_leaderboard_numbers(store):
     assert rows16["vegas"].value("speedup") is None
 
 
+def test_no_star_on_a_one_row_board(tmp_path):
+    from aspire_bench.report.leaderboard import best_values
+    from aspire_bench.report.pages import board_table
+    with Store(tmp_path / "one.db") as s:
+        s.save_run(make_run("aspire", 2.0, group="solo"))
+    (board,) = build(load_runs(tmp_path / "one.db")).boards
+    assert len(board.rows) == 1 and best_values(board) == {}
+    assert 'class="best"' not in board_table(board) and "★" not in board_table(board)
+    two = build(load_runs(tmp_path / "one.db") + [make_run("ar", 3.0, group="solo")]).boards[0]
+    assert best_values(two) and "★" in board_table(two)
+
+
 HEADERS = ("decoder", "setup", "group", "runs", "tok/s", "speedup", "acc len", "acc rate", "parity", "tpot p50",
            "tpot p99", "score", "distinct4")
 
@@ -291,9 +303,12 @@ class Browser:
                 out.append(f"log: {p['entry']['text']} {p['entry'].get('url', '')}")
         return out
 
-    def screenshot(self, path: Path, width: int = 1400) -> None:
-        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+    def viewport(self, width: int, height: int = 900) -> None:
+        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
                                                          "mobile": False}, page=True)
+
+    def screenshot(self, path: Path, width: int = 1400) -> None:
+        self.viewport(width)
         size = self.send("Page.getLayoutMetrics", page=True)["cssContentSize"]
         shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
             "x": 0, "y": 0, "width": width, "height": min(size["height"], 16000), "scale": 1}}, page=True)
@@ -321,6 +336,13 @@ def browser(tmp_path):
 # Per plotly div: how many drawn traces its SVG holds (0 = an empty or failed plot).
 PLOT_MARKS = """Array.from(document.querySelectorAll("div.plotly-graph-div")).map(function(d){
   return [d.id, d.querySelectorAll("svg.main-svg g.trace").length];})"""
+# Per plot box: its plot's id, the drawn SVG's width, the box's inner width, the trace names, and how many
+# drawn traces (boxes, lines) end right of the box's edge.
+PLOT_FIT = """Array.from(document.querySelectorAll("div.plot")).map(function(p){
+  var d=p.querySelector("div.plotly-graph-div"), s=p.querySelector("svg.main-svg"), r=p.getBoundingClientRect();
+  var out=Array.from(p.querySelectorAll("g.trace")).filter(function(t){
+    return t.getBoundingClientRect().right>r.right+1;}).length;
+  return [d.id, s.getBoundingClientRect().width, p.clientWidth, (d.data||[]).map(function(t){return t.name;}), out];})"""
 # Plotly draws on load, but give slow machines a moment.
 PLOTS_READY = 'document.querySelectorAll("div.plotly-graph-div:not(.js-plotly-plot)").length === 0'
 
@@ -336,14 +358,43 @@ def test_browser_driver_catches_page_errors(browser, tmp_path):
     assert any("missing.js" in e for e in errors) and not any("all-good" in e for e in errors)
 
 
-def test_pages_in_headless_browser(store, tmp_path, browser):
-    out = tmp_path / "lb"
-    index = write_report(store, out)
-    browser.open(index.as_uri())
+def _wait_for_plots(browser) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not browser.eval(PLOTS_READY) and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def _check_plots_fit(browser, boards: dict[str, list[str]]) -> None:
+    """No plot wider than its box, no trace drawn past its edge, and every decoder of a board in each
+    of its plots that every decoder has data for (accepted length per request, TPOT)."""
+    deadline = time.monotonic() + 5  # plotly redraws a resized plot after a short debounce
+    fits = browser.eval(PLOT_FIT)
+    while any(f[1] > f[2] + 1 for f in fits) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        fits = browser.eval(PLOT_FIT)
+    assert len(fits) >= 5
+    for div_id, svg_w, box_w, names, outside in fits:
+        assert svg_w <= box_w + 1 and outside == 0, (div_id, svg_w, box_w, outside)
+    names = {f[0]: {n.split(" [")[0] for n in f[3]} for f in fits}
+    for slug, decoders in boards.items():
+        assert names[f"tpot-{slug}"] == set(decoders), names
+        assert names[f"acc-{slug}"] == set(decoders), names
+
+
+def test_pages_in_headless_browser(store, tmp_path, browser):
+    out = tmp_path / "lb"
+    index = write_report(store, out)
+    browser.viewport(1400)
+    browser.open(index.as_uri())
+    _wait_for_plots(browser)
     assert browser.errors() == []
+    boards = dict(browser.eval('Array.from(document.querySelectorAll("table.leaderboard")).map(function(t){'
+                               'return [t.id.slice(3), Array.from(t.querySelectorAll("tbody tr"))'
+                               '.map(function(r){return r.dataset.decoder;})];})'))
+    _check_plots_fit(browser, boards)
+    browser.viewport(900)  # a narrower window: every plot follows its box
+    _check_plots_fit(browser, boards)
+    browser.viewport(1400)
     rows = browser.eval('Array.from(document.querySelectorAll("#lb-tiny-needle-4k tbody tr"))'
                         '.map(function(r){return r.dataset.decoder;})')
     assert rows == ["ar", "aspire(gamma=4)", "magicdec(gamma=4)"]
@@ -365,6 +416,8 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
     assert "near-tie" in browser.eval('document.querySelector("table.divergences").innerText')
     browser.open((out / "metrics.html").as_uri())
     assert browser.errors() == [] and browser.eval('!!document.getElementById("exactness-parity")')
+    browser.open((out / "leaderboard.html").as_uri())  # the guide's screenshot is not carried: no broken image
+    assert browser.errors() == [] and browser.eval('document.images.length') == 0
 
 
 def test_speedup_reference_is_the_same_setup_in_the_same_group():

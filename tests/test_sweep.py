@@ -192,3 +192,17 @@ def test_shipped_sweep_files_expand():
     paper = load_sweep(SWEEPS / "aspire_paper.yaml")
     assert {(c.config.temperature, c.config.top_k, c.config.top_p) for c in paper.cells} == {(0.7, 50, 0.9)}
     assert {c.config.decoder for c in paper.cells} == {"ar", "magicdec", "vegas", "aspire"}
+    yarn = {c.config.context_len for c in paper.cells if c.config.rope_scaling}
+    assert yarn == {"80-100k"}
+    for c in paper.cells:
+        qwen_long = "Qwen3" in c.config.model and c.config.context_len == "80-100k"
+        assert (c.config.rope_scaling or {}).get("rope_type") == ("yarn" if qwen_long else None)
+    assert "rope_scaling" not in next(c for c in paper.cells if not c.config.rope_scaling).config.identity()
+
+
+def test_a_cells_rope_scaling_reaches_the_engine():
+    from aspire_bench.harness.runner import load_engine
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 40960}
+    plain, scaled = load_engine("tiny", "float32", "cpu", "torch"), load_engine("tiny", "float32", "cpu", "torch", yarn)
+    assert (plain.max_context, scaled.max_context) == (40960, 81920)
+    assert scaled.cfg.rope["rope_type"] == "yarn" and plain.cfg.rope["rope_type"] == "default"

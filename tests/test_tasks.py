@@ -19,7 +19,7 @@ from aspire_bench.tasks.aime import score_aime
 from aspire_bench.tasks.code_completion import code_similarity
 from aspire_bench.tasks.longbench_v2 import TEMPLATE_0SHOT, extract_choice
 from aspire_bench.tasks.needle import starts_with_answer
-from aspire_bench.tasks.scoring import boxed_contents, edit_similarity, levenshtein
+from aspire_bench.tasks.scoring import boxed_contents, code_sim_score, edit_similarity, levenshtein
 
 FIX = Path(__file__).parent / "fixtures" / "tasks"
 ROOT = Path(__file__).resolve().parents[1]
@@ -387,14 +387,37 @@ def test_code_completion_16k_and_errors(tok_nobos):
 
 @pytest.mark.parametrize("generated, reference, expected", [
     ("    return x\n    y = 2", "    return x", 1.0),
-    ("\n\nreturn x  \nmore", "    return x", 1.0),       # leading blank lines and indentation ignored
-    ("return y", "return x", 0.875),
+    ("\n\nreturn x  \nmore", "    return x", 0.73),      # LongBench: 2 * 8 common / 22 characters
+    ("return y", "return x", 0.88),                      # 14/16, rounded to a whole percent
     ("", "return x", 0.0),
     ("abcd", "abce", 0.75),
-    ("a\nb\nc", "a\nb", 1.0),                            # as many lines as the reference has
+    ("```python\n# set it\n    x = foo(1)\n", "    x = foo(2)", 0.93),  # lines with ` # // skipped
+    ("// c\nint a = 1;", "int a = 1;", 1.0),
+    ("# only comments\n#", "x = 1", 0.0),               # no line qualifies: ""
+    ("a\nb\nc", "a\nb", 1.0),                            # several reference lines: line-wise edit similarity
+    ("  a \nb\nc", "a\nb", 1.0),
 ])
 def test_code_similarity(generated, reference, expected):
     assert code_similarity(generated, reference) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("prediction, truth", [
+    ("\n\nreturn x  \nmore", "    return x"), ("return y", "return x"), ("abcd", "abce"),
+    ("```python\n# set it\n    x = foo(1)\n", "    x = foo(2)"), ("", ""), ("x", ""),
+    ("        self.assertEqual(result, 3)", "        self.assertEqual(res, 3)"),
+])
+def test_code_sim_score_is_longbenchs(prediction, truth):
+    """LongBench's definition (first line without ` # //, fuzzywuzzy's ratio / 100) recomputed with the
+    standard library's SequenceMatcher, fuzzywuzzy's fallback matcher, on examples where both agree."""
+    import difflib
+    line = next((x for x in prediction.lstrip("\n").split("\n") if not any(c in x for c in ("`", "#", "//"))), "")
+    if line == truth:
+        ref = 1.0
+    elif not line or not truth:
+        ref = 0.0
+    else:
+        ref = round(100 * difflib.SequenceMatcher(None, line, truth).ratio()) / 100
+    assert code_sim_score(prediction, truth) == ref
 
 
 def test_levenshtein():

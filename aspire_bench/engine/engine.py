@@ -38,14 +38,14 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str | Path, dtype: str = "float32", device: str = "cpu",
-                        attention_backend: str = "auto", **kw) -> Engine:
+                        attention_backend: str = "auto", rope_scaling: dict | None = None, **kw) -> Engine:
         path = resolve_model_path(model)
-        return cls(load_model(path, dtype, device), load_tokenizer(path), attention_backend,
+        return cls(load_model(path, dtype, device, rope_scaling), load_tokenizer(path), attention_backend,
                    name=str(model), **kw)
 
     @property
     def max_context(self) -> int:
-        return self.cfg.max_position_embeddings
+        return self.cfg.max_context
 
     # --- KV slots -------------------------------------------------------------------------------
     def reserve(self, capacity: int) -> KVCache:

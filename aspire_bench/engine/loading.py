@@ -38,7 +38,7 @@ def resolve_model_path(model: str | Path) -> Path:
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {dtype!r}: choose float32, bfloat16 or float16")
+            raise ConfigError(f"unknown dtype {dtype!r}: choose float32, bfloat16, float16 or auto")
         dtype = DTYPES[dtype]
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("float16 is not supported on CPU here: use --dtype float32 (fastest on CPU) "
@@ -57,12 +57,26 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def read_config(path: Path) -> ModelConfig:
+def read_config(path: Path, rope_scaling: dict | None = None) -> ModelConfig:
+    """The checkpoint's config; rope_scaling (config.json's form) replaces its rope scaling, as editing
+    config.json would (e.g. YaRN for texts past the native context, as model cards prescribe)."""
+    raw = _read_raw_config(path)
+    if rope_scaling is not None and isinstance(raw, dict):
+        if not isinstance(rope_scaling, dict):
+            raise ConfigError(f"rope_scaling must be a mapping such as {{rope_type: yarn, factor: 4.0}}, "
+                              f"not {rope_scaling!r}")
+        params = raw.pop("rope_parameters", None) or {}
+        if isinstance(params, dict) and "rope_theta" in params:
+            raw.setdefault("rope_theta", params["rope_theta"])
+        raw["rope_scaling"] = dict(rope_scaling)
+    return parse_config(raw, str(path / "config.json"))
+
+
+def _read_raw_config(path: Path):
     try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from None
-    return parse_config(raw, str(path / "config.json"))
 
 
 # config.json entries that must be positive integers for the model to be built at all.
@@ -125,11 +139,30 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def checkpoint_dtype(path: Path) -> str:
+    """The dtype a checkpoint's config.json names (`torch_dtype`, or 5.x `dtype`); float32 when none."""
+    raw = _read_raw_config(path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path / 'config.json'} is not a JSON object")
+    name = str(raw.get("dtype") or raw.get("torch_dtype") or "float32").removeprefix("torch.")
+    if name not in DTYPES:
+        raise CheckpointError(f"dtype auto: {path / 'config.json'} names dtype {name!r}; pass float32, "
+                              "bfloat16 or float16 instead")
+    return name
+
+
 def load_model(model: str | Path, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> Transformer:
+               device: str | torch.device = "cpu", rope_scaling: dict | None = None) -> Transformer:
+    """dtype "auto": the checkpoint's own (config.json's torch_dtype)."""
     path = resolve_model_path(model)
     dev = resolve_device(device)
-    return build_model(read_config(path), load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
+    if dtype == "auto":
+        dtype = checkpoint_dtype(path)
+        if dev.type == "cpu" and DTYPES[dtype] == torch.float16:
+            raise ConfigError("dtype auto: the checkpoint is float16, which is not supported on CPU here: "
+                              "pass float32 (fastest on CPU) or bfloat16")
+    cfg = read_config(path, rope_scaling)
+    return build_model(cfg, load_state_dict(path), resolve_dtype(dtype, dev), dev, str(path))
 
 
 def random_model(hf_config: dict, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",

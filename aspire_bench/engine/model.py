@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..kernels.base import AttentionBackend, AttentionMeta
-from .config import ModelConfig, rope_inv_freq
+from .config import ModelConfig, dynamic_ntk_inv_freq, rope_attention_factor, rope_inv_freq
 from .dense import FusedDense
 
 DENSE_BACKENDS = ("auto", "fused", "eager")
@@ -85,8 +85,16 @@ class Transformer:
             size = max(need, 2 * self._cos.shape[0], 4096)
             t = torch.arange(size, device=self.device, dtype=torch.float32)
             freqs = torch.outer(t, self._inv_freq)
+            if self.cfg.rope["rope_type"] == "dynamic" and size > self.cfg.max_position_embeddings:
+                # Each position past the original context is rotated with the base of the sequence length at
+                # which it is written (position + 1), as transformers does token by token; so a position's
+                # rotation never depends on which decoder wrote it, or how many tokens it wrote at once.
+                past = t[self.cfg.max_position_embeddings:]
+                inv = dynamic_ntk_inv_freq(self.cfg, past + 1).float().to(self.device)
+                freqs[self.cfg.max_position_embeddings:] = past[:, None] * inv
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin = emb.cos(), emb.sin()
+            scale = rope_attention_factor(self.cfg)  # YaRN scales cos and sin; 1 otherwise
+            self._cos, self._sin = emb.cos() * scale, emb.sin() * scale
         return self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
 
     @torch.inference_mode()

@@ -5,11 +5,12 @@ Every figure is defined in docs/metrics.md; keep the two in step.
 from __future__ import annotations
 
 import itertools
-import math
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from aspire_bench.decoders.base import PREFILL, GenerationOutput, RequestResult, StepTrace
 from aspire_bench.harness.parity import Parity
@@ -22,13 +23,8 @@ COLLAPSE_THRESHOLD = 0.5
 
 def percentile(values: Iterable[float], q: float) -> float | None:
     """q-th percentile (0..100), linear between closest ranks (numpy's default); None when empty."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    xs = list(values)
+    return float(np.percentile(xs, q)) if xs else None
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -53,14 +53,21 @@ class RunConfig:
     # Prefill each distinct prompt once per process and copy its KV in afterwards (decode figures
     # exclude prefill; TTFT then measures a copy, not a prefill). For demos and side-by-side sweeps.
     prefix_cache: bool = False
+    # Rope scaling that replaces the checkpoint's (config.json's rope_scaling form), e.g. YaRN past the
+    # native context; None keeps the checkpoint's own.
+    rope_scaling: dict | None = None
 
     @property
     def eos_ignored(self) -> bool:
         return self.ignore_eos or (self.equal_work and self.temperature > 0)
 
     def identity(self) -> dict:
-        """What makes two runs the same experiment (hashed into config_hash)."""
-        return asdict(self)
+        """What makes two runs the same experiment (hashed into config_hash); an unset rope_scaling is left
+        out, so runs stored before it existed keep their hash."""
+        d = asdict(self)
+        if d["rope_scaling"] is None:
+            del d["rope_scaling"]
+        return d
 
 
 @dataclass
@@ -76,11 +83,19 @@ class RunResult:
         return self.record.aggregates[key]
 
 
-@lru_cache(maxsize=2)
-def load_engine(model: str, dtype: str, device: str, attention_backend: str) -> Engine:
-    """One engine per (model, dtype, device, backend) per process: sweeps and side-by-side
+def load_engine(model: str, dtype: str, device: str, attention_backend: str,
+                rope_scaling: dict | None = None) -> Engine:
+    """One engine per (model, dtype, device, backend, rope scaling) per process: sweeps and side-by-side
     comparisons load the weights once."""
-    return Engine.from_pretrained(model, dtype, device, attention_backend)
+    key = None if rope_scaling is None else records.canonical_json(rope_scaling)
+    return _load_engine(model, dtype, device, attention_backend, key)
+
+
+@lru_cache(maxsize=2)
+def _load_engine(model: str, dtype: str, device: str, attention_backend: str, rope_key: str | None) -> Engine:
+    import json
+    rope = None if rope_key is None else json.loads(rope_key)
+    return Engine.from_pretrained(model, dtype, device, attention_backend, rope_scaling=rope)
 
 
 def build_requests(cfg: RunConfig, engine: Engine):
@@ -131,7 +146,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
     if cfg.data is not None and not get_task(cfg.task).reads_data:
         raise ConfigError(f"task {cfg.task} makes its own prompts and reads no --data: drop --data")
     if engine is None:  # a caller's own engine keeps its prefix cache as the caller set it
-        engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend)
+        engine = load_engine(cfg.model, cfg.dtype, cfg.device, cfg.attention_backend, cfg.rope_scaling)
         if not cfg.prefix_cache:
             engine.prefix_cache = None
         elif engine.prefix_cache is None:

@@ -67,6 +67,9 @@ class ModelEntry(_Strict):
     dtype: Dtype | None = None
     device: str | None = None
     attention_backend: Backend | None = None
+    # config.json's rope_scaling form (checked when the model loads), and the contexts it applies to
+    rope_scaling: dict[str, Any] | None = None
+    rope_scaling_contexts: Contexts | None = None
 
 
 class DecoderEntry(_Strict):

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import RunRecord, read_jsonl
 from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
+from aspire_bench.harness.tables import emit, format_option, resolve_format
 
 # Aggregates shown in the `runs` list, the headline figure of each kind: (header, aggregate name).
 LIST_FIGURES = (("tok/s", "decode_tok_s"), ("acc len", "mean_accepted_len"), ("parity %", "parity_identical_pct"),
@@ -41,7 +42,7 @@ def _open(path: str) -> Store:
 
 def _fmt(value) -> str:
     """A cell's text; escaped, since store text (tags, model paths, errors) is printed literally."""
-    if value is None:
+    if not _given(value):
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -57,40 +58,49 @@ def _fmt(value) -> str:
 @click.option("--tag", help="Only this tag.")
 @click.option("--group", help="Only runs of this group (measured side by side).")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N runs.")
-def runs(store_path, limit, **filters):
+@format_option
+def runs(store_path, limit, fmt, **filters):
     """List the stored runs."""
+    from aspire_bench.harness.frames import results
     with _open(store_path) as store:
-        summaries = store.list_runs(limit=limit, **filters)
+        frame = results(store, **filters).tail(limit)
+    if resolve_format(fmt) == "json":
+        emit([], fmt, data=json.loads(frame.to_json(orient="records")))
+        return
     table = Table(title=f"runs in {escape(str(store_path))}")
-    for header in ("id", "created", "status", "decoder", "model", "task", "sweep/tag", "group"):
-        table.add_column(header, overflow="fold")
+    for header in ("id", "created", "status", "decoder", "model", "task", "context", "batch", "sweep/tag", "group"):
+        table.add_column(header, overflow="fold", justify="right" if header in ("id", "batch") else "left")
     for header, _ in LIST_FIGURES:
         table.add_column(header, justify="right")
-    for s in summaries:
-        label = "/".join(x for x in (s["sweep"], s["tag"]) if x)
+    for s in frame.to_dict("records"):
+        label = "/".join(str(x) for x in (s["sweep"], s["tag"]) if _given(x))
         table.add_row(str(s["run_id"]), _fmt(str(s["created_at"])[:16].replace("T", " ")), _fmt(s["status"]),
-                      _fmt(s["decoder"]), _fmt(s["model"]), _fmt(s["task"]), _fmt(label or None), _fmt(s["group"]),
-                      *(_fmt(s["aggregates"].get(name)) for _, name in LIST_FIGURES))
-    Console().print(table)
+                      *(_fmt(s.get(k)) for k in ("decoder", "model", "task", "context_len", "batch_size")),
+                      _fmt(label or None), _fmt(s["group"]), *(_fmt(s.get(name)) for _, name in LIST_FIGURES))
+    emit(table, fmt)
+
+
+def _given(value) -> bool:
+    """Not None and not NaN (pandas fills absent values with NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 @click.command()
 @click.argument("run_id", type=int)
 @store_option
-def show(run_id, store_path):
-    """Show one run: config, environment, aggregates and its requests."""
+@format_option
+def show(run_id, store_path, fmt):
+    """Show one run: config, environment, aggregates and its requests (json: the whole record but its
+    step trace)."""
     with _open(store_path) as store:
         rec = store.get_run(run_id)
-    console = Console()
-    console.print(f"[bold]run {rec.run_id}[/] {_fmt(rec.created_at)}  status={_fmt(rec.status)}  "
-                  f"config_hash={_fmt(rec.config_hash[:12])}  group={_fmt(rec.group)}  sweep={_fmt(rec.sweep)}  "
-                  f"tag={_fmt(rec.tag)}")
-    if rec.error:
-        console.print(f"[red]error:[/] {_fmt(rec.error)}")
-    console.print(_mapping_table("config", rec.config))
-    console.print(_mapping_table("environment", rec.env))
-    console.print(_mapping_table("aggregates", rec.aggregates))
-    console.print(_requests_table(rec))
+    run = {"run": rec.run_id, "created": rec.created_at, "status": rec.status, "config_hash": rec.config_hash,
+           "group": rec.group, "sweep": rec.sweep, "tag": rec.tag, **({"error": rec.error} if rec.error else {})}
+    data = {k: v for k, v in rec.to_json().items() if k != "steps"}
+    # Every cell goes through _fmt (escaped): store text is shown literally, never as markup.
+    emit([_mapping_table(f"run {rec.run_id}", run), _mapping_table("config", rec.config),
+          _mapping_table("environment", rec.env), _mapping_table("aggregates", rec.aggregates),
+          _requests_table(rec)], fmt, data=data)
 
 
 def _mapping_table(title: str, data: dict) -> Table:
@@ -113,19 +123,51 @@ def _requests_table(rec: RunRecord) -> Table:
 
 @click.command()
 @store_option
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True,
-              help="jsonl: whole run records; csv: one row per run with its aggregates.")
-@click.option("--out", default="-", show_default=True, help="Output file; - is stdout.")
-def export(store_path, fmt, out):
-    """Export the stored runs."""
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet", "records"]), default="jsonl",
+              show_default=True, help="csv, jsonl, parquet (needs pyarrow): one row per run, its config "
+              "flattened and its aggregates (aspire_bench.results); records: whole run records as JSONL "
+              "(requests and step traces included).")
+@click.option("--requests", "per_request", is_flag=True,
+              help="One row per request instead of per run (aspire_bench.request_results).")
+@click.option("--out", default="-", show_default=True, help="Output file; - is stdout (not for parquet).")
+@click.option("--decoder", help="Only this decoder.")
+@click.option("--model", help="Only this model.")
+@click.option("--task", help="Only this task.")
+@click.option("--sweep", help="Only this sweep.")
+@click.option("--tag", help="Only this tag.")
+@click.option("--group", help="Only runs of this group.")
+def export(store_path, fmt, per_request, out, **filters):
+    """Export the stored runs (or their requests) for analysis elsewhere."""
+    import sys
+
+    from aspire_bench.harness.frames import request_results, results, write_frame
+    if fmt == "parquet" and out == "-":
+        raise UserError("parquet is binary: give a file with --out PATH")
+    if fmt == "records" and per_request:
+        raise UserError("--requests has the formats csv, jsonl and parquet: records are whole runs already")
     if out != "-":
         if Path(out).exists() and Path(out).resolve() == Path(store_path).resolve():
             raise UserError(f"--out {out} is the store itself: refusing to overwrite it")
-        check_output_path(Path(out))
+        check_output_path(Path(out))  # never a directory or a SQLite file (another store)
     with _open(store_path) as store:
-        n = store.export(fmt, out)
+        if fmt == "records":
+            n = store.export("jsonl", out, **filters)
+        else:
+            frame = (request_results if per_request else results)(store, **filters)
+            # A file is written beside and renamed: a failed export never leaves a half-written file.
+            tmp = None if out == "-" else Path(out).with_name(Path(out).name + ".tmp")
+            try:
+                write_frame(frame, fmt, sys.stdout if tmp is None else tmp)
+                if tmp is not None:
+                    tmp.replace(out)
+            except ImportError as e:
+                raise UserError(str(e)) from None
+            finally:
+                if tmp is not None and tmp.exists():
+                    tmp.unlink()
+            n = len(frame)
     if out != "-":
-        click.echo(f"{n} runs -> {out}", err=True)
+        click.echo(f"{n} {'requests' if per_request else 'runs'} -> {out}", err=True)
 
 
 @click.command("import")

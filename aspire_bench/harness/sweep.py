@@ -23,7 +23,7 @@ from .tuning import TUNE_GRIDS
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
             "limit", "repeats", "parity", "parity_tolerance", "warmup", "prefix_cache", "dtype", "device",
             "attention_backend", "max_retries", "ray", "tune", "equal_work"}
-MODEL_KEYS = {"path", "dtype", "device", "attention_backend"}
+MODEL_KEYS = {"path", "dtype", "device", "attention_backend", "rope_scaling", "rope_scaling_contexts"}
 DECODER_KEYS = {"name", "args"}
 TASK_KEYS = {"name", "data", "limit", "contexts", "max_new_tokens"}
 SAMPLING_KEYS = {"temperature", "top_k", "top_p", "seed"}
@@ -101,7 +101,11 @@ def expand(spec: dict, default_name: str = "sweep", where: str = "the sweep") ->
         for task in tasks:
             combos = itertools.product(task["contexts"], batch_sizes, task["max_new_tokens"], samplings, decoders)
             for context, batch, max_new, sampling, (dec, dec_args) in combos:
-                cfg = RunConfig(**{**base, **model}, decoder=dec, decoder_args=dec_args, task=task["name"],
+                model_cfg = dict(model)
+                scaled_contexts = model_cfg.pop("rope_scaling_contexts", None)
+                if scaled_contexts is not None and context not in scaled_contexts:
+                    model_cfg.pop("rope_scaling", None)
+                cfg = RunConfig(**{**base, **model_cfg}, decoder=dec, decoder_args=dec_args, task=task["name"],
                                 data=task["data"], limit=task["limit"], context_len=context, batch_size=batch,
                                 max_new_tokens=max_new, tune=tune and dec in TUNE_GRIDS, **sampling)
                 cell = Cell(len(cells), cfg, _group_key(name, cfg))
@@ -141,7 +145,15 @@ def _model(m) -> dict:
     _check_keys(m, MODEL_KEYS, "a model entry")
     if "path" not in m:
         raise ConfigError(f"model entry {m!r} needs a `path`")
-    return {"model": str(m["path"]), **{k: m[k] for k in MODEL_KEYS - {"path"} if k in m}}
+    out = {"model": str(m["path"]), **{k: m[k] for k in MODEL_KEYS - {"path"} if k in m}}
+    if "rope_scaling_contexts" in out:
+        if "rope_scaling" not in out:
+            raise ConfigError(f"model {m['path']}: `rope_scaling_contexts` needs a `rope_scaling`")
+        out["rope_scaling_contexts"] = [str(c) for c in _as_list(out["rope_scaling_contexts"])]
+    if "rope_scaling" in out and not isinstance(out["rope_scaling"], dict):
+        raise ConfigError(f"model {m['path']}: `rope_scaling` must be a mapping such as "
+                          "{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768}")
+    return out
 
 
 def _decoder(d) -> tuple[str, dict]:
@@ -289,9 +301,11 @@ class _CellProgress:
 
     def __init__(self, name: str, total: int, done: int, disable: bool):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from ..progress import stderr_console
         self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TextColumn("cells  {task.fields[failed]} failed  last: {task.fields[last]}"),
-                           TimeElapsedColumn(), disable=disable)
+                           TimeElapsedColumn(), disable=disable, console=stderr_console())
         self._task = self._p.add_task(f"sweep {name}", total=total, completed=done, failed=0, last="-")
         self._failed = 0
 

@@ -7,6 +7,7 @@ import click
 
 from .records import RunRecord
 from .store_cli import store_option
+from .tables import emit, format_option, info, summary_json, summary_table
 
 
 @click.command()
@@ -18,7 +19,8 @@ from .store_cli import store_option
 @click.option("--ray-address", default=None, help="Existing Ray cluster (e.g. auto, ray://host:10001); "
               "default: start a local one.")
 @click.option("--dry-run", is_flag=True, help="List the cells and exit.")
-def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run):
+@format_option
+def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run, fmt):
     """Run a sweep: models x tasks x contexts x batch sizes x ... x decoders (see docs/sweeps.md)."""
     from .schema import check_sweep_file
     check_sweep_file(sweep_file)  # before the heavy imports below: a bad file fails at once
@@ -30,18 +32,18 @@ def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run):
         click.echo(f"{len(sw.cells)} cells in sweep {sw.name}")
         return
     out = run_sweep(sw, store_path, executor=executor, resume=resume, ray_address=ray_address)
-    print_sweep_summary(out.records, sw.name)
-    click.echo(f"sweep {sw.name}: {out.ran} cells run, {out.skipped} already stored, {len(out.failed)} failed; "
-               f"invocation {out.invocation}, store {store_path}")
+    print_sweep_summary(out.records, sw.name, fmt)
+    info(f"sweep {sw.name}: {out.ran} cells run, {out.skipped} already stored, {len(out.failed)} failed; "
+         f"invocation {out.invocation}, store {store_path}", fmt)
     for rec in out.failed:
         c = rec.config
         click.secho(f"  failed: {c['decoder']} {c['task']} {c.get('context_len') or '-'} on {c['model']}: "
-                    f"{rec.error}", fg="red")
+                    f"{rec.error}", fg="red", err=True)
 
 
-def print_sweep_summary(recs: list[RunRecord], name: str) -> None:
-    """One table per model, task, batch size and sampling (context and decoder are its rows)."""
-    from .tables import print_summary
+def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None) -> None:
+    """One table per model, task, batch size and sampling (context and decoder are its rows); json: every
+    run of the sweep, failed ones included."""
     tables: dict[tuple, list[RunRecord]] = {}
     for r in recs:
         if r.status == "ok":
@@ -49,10 +51,14 @@ def print_sweep_summary(recs: list[RunRecord], name: str) -> None:
             key = (c["model"], c["task"], c["batch_size"], c["max_new_tokens"], c["temperature"], c["top_k"],
                    c["top_p"], c["seed"])
             tables.setdefault(key, []).append(r)
+    from rich.markup import escape
+    out = []
     for (model, task, batch, max_new, temp, top_k, top_p, seed), rs in tables.items():
         sampling = "greedy" if temp == 0 else f"T={temp} top-k={top_k} top-p={top_p}"
-        print_summary(rs, title=f"{name}: {task} on {Path(model).name}, batch {batch}, "
-                                f"max_new {max_new or 'default'}, {sampling}, seed {seed}")
+        # escaped: names from the sweep file are printed literally, never as markup
+        out.append(summary_table(rs, title=escape(f"{name}: {task} on {Path(model).name}, batch {batch}, "
+                                                  f"max_new {max_new or 'default'}, {sampling}, seed {seed}")))
+    emit(out, fmt, data=summary_json(recs))
 
 
 COMMANDS = [sweep]

@@ -21,15 +21,17 @@ def slug(text: str) -> str:
 
 
 def markdown_to_html(text: str) -> str:
-    try:
-        from markdown_it import MarkdownIt  # comes with rich
-    except ImportError:  # still readable, just not rendered
-        return f"<pre>{esc(text)}</pre>"
+    """CommonMark + tables; images are left out (the docs' screenshots show the report itself, and the
+    report directory does not carry them)."""
+    from markdown_it import MarkdownIt
     md = MarkdownIt("commonmark").enable("table")
     tokens = md.parse(text)
     for tok, nxt in itertools.pairwise(tokens):
         if tok.type == "heading_open":
             tok.attrSet("id", slug(nxt.content))
+    for tok in tokens:
+        if tok.type == "inline" and tok.children:
+            tok.children = [c for c in tok.children if c.type != "image"]
     return md.renderer.render(tokens, md.options, {})
 
 

@@ -18,7 +18,8 @@ th{background:#f2f4f8} td.l,th.l{text-align:left}
 table.sortable th{cursor:pointer;user-select:none} table.sortable th:after{content:" ⇅";color:#99a}
 td.best{font-weight:700;background:#e4f5e4} td.best:before{content:"★ ";color:#2a8a2a}
 a.def{text-decoration:none;color:#669;font-size:.8em}
-.plots{display:flex;flex-wrap:wrap;gap:1rem} .plot{flex:1 1 520px;min-width:420px;border:1px solid #eee}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(460px,100%),1fr));gap:1rem}
+.plots.wide{grid-template-columns:1fr} .plot{min-width:0;overflow:hidden;border:1px solid #eee}
 .note{color:#556;font-size:.85rem} .bad{color:#b00020} pre{background:#f6f7fa;padding:.5rem;overflow:auto}
 """
 
@@ -38,6 +39,18 @@ document.querySelectorAll("table.sortable").forEach(function(t){
     });
   });
 });
+"""
+
+
+# Plots are drawn as the page is parsed, so each must take its box's width, and follow it when the box
+# changes (window resize, a column appearing): a grid fixes the boxes' widths before any plot is drawn
+# (CSS above), and a ResizeObserver redraws a plot whenever its box changes size.
+PLOT_FIT_JS = """
+if(window.Plotly&&window.ResizeObserver){
+  var fit=new ResizeObserver(function(entries){entries.forEach(function(e){
+    var d=e.target.querySelector("div.js-plotly-plot"); if(d){Plotly.Plots.resize(d);}});});
+  document.querySelectorAll("div.plot").forEach(function(p){fit.observe(p);});
+}
 """
 
 
@@ -65,7 +78,7 @@ def page(title: str, body: str, *, meta: str = "", root: str = "", scripts: Iter
         f"<header><h1>{esc(title)}</h1><div class=\"meta\">{meta}"
         f" · <a href=\"{esc(root)}index.html\">leaderboards</a>"
         f" · <a href=\"{esc(root)}metrics.html\">metric definitions</a></div></header>"
-        f"{body}<script>{SORT_JS}</script></body></html>\n"
+        f"{body}<script>{SORT_JS}{PLOT_FIT_JS}</script></body></html>\n"
     )
 
 

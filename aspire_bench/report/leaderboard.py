@@ -158,8 +158,11 @@ def _set_setups(rows: list[Row]) -> None:
 
 
 def best_values(board: Board) -> dict[str, float]:
-    """Per column with a direction, the best value among the board's rows."""
+    """Per column with a direction, the best value among the board's rows (none on a one-row board:
+    a single row is not "best" of anything)."""
     best = {}
+    if len(board.rows) < 2:
+        return best
     one_group = len({r.group for r in board.rows}) == 1
     for col in COLUMNS:
         values = [r.value(col.key) for r in board.rows if r.value(col.key) is not None]

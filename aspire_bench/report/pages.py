@@ -92,9 +92,10 @@ def board_table(board: Board) -> str:
     mixed = len({r.group for r in board.rows}) > 1
     note = ("rows come from different groups (invocations, maybe machines): compare their speedups, not their "
             "raw timings, which get no ★ here · " if mixed else "")
+    star = "★ best per column · " if best else ""
     return (f"<table class=\"sortable leaderboard\" id=\"lb-{esc(board.slug)}\"><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>"
-            f"<p class=\"note\">{note}★ best per column · click a header to sort</p>")
+            f"<p class=\"note\">{note}{star}click a header to sort</p>")
 
 
 def board_section(board: Board) -> str:
@@ -121,7 +122,7 @@ def render_index(lb: Leaderboards, now: datetime | None = None) -> str:
         sp = plots.speedup_vs_context(boards, f"speedup-{boards[0].slug}", f"speedup over AR vs context length · "
                                       f"{model} · {task}")
         if sp:
-            parts.append(f"<div class=\"plots\">{sp}</div>")
+            parts.append(f"<div class=\"plots wide\">{sp}</div>")
         parts.extend(board_section(b) for b in boards)
     parts.append(_runs_section(lb.runs))
     return page("aspire-bench leaderboards", "".join(parts), meta=header_meta(lb.runs, now), scripts=[PLOTLY_JS])

@@ -11,8 +11,10 @@ Exact length rule (N = requested tokens, B = the tokenizer's leading specials su
   that ends the line before the cut.
 Reference: the next `ref_lines` line(s) after the cut (the true continuation). Cut lines are non-blank,
 not comments, at least 3 lines into a file and before its last line.
-Score: edit similarity (1 - Levenshtein / longer length) between the first `ref_lines` line(s) of the
-generation (after leading blank lines) and the reference, each line stripped of surrounding spaces.
+Score: LongBench's code_sim_score (tasks.scoring) of the generation against the reference line, so
+scores compare with published LongBench lcc numbers. With ref_lines > 1: edit similarity (1 - Levenshtein /
+longer length) between as many lines of the generation (after leading blank lines) and the reference,
+each line stripped of surrounding spaces.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from aspire_bench.errors import UserError
 from .base import Sample, Task, special_prefix
 from .buckets import parse_bucket
 from .exact_length import check_max_length
-from .scoring import edit_similarity
+from .scoring import code_sim_score, edit_similarity
 
 DEFAULT_CONTEXT = "4k"
 DEFAULT_SAMPLES = 10
@@ -200,8 +202,11 @@ class CodeCompletionTask(Task):
 
 
 def code_similarity(generated: str, reference: str) -> float:
-    """Edit similarity of the generation's first lines (as many as the reference has, after leading
-    blank lines) with the reference, comparing stripped lines."""
+    """One reference line: LongBench's code_sim_score. Several: edit similarity of the generation's first
+    lines (as many as the reference has, after leading blank lines) with the reference, comparing stripped
+    lines."""
     n = reference.count("\n") + 1
+    if n == 1:
+        return code_sim_score(generated, reference)
     gen = generated.lstrip("\r\n").split("\n")[:n]
     return edit_similarity("\n".join(x.strip() for x in gen), "\n".join(x.strip() for x in reference.split("\n")))

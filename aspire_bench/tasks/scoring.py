@@ -1,7 +1,10 @@
-"""Small, dependency-free scoring helpers shared by tasks."""
+"""Small scoring helpers shared by tasks (string distances from rapidfuzz)."""
 from __future__ import annotations
 
 import re
+
+from rapidfuzz import fuzz
+from rapidfuzz.distance import Levenshtein
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -49,20 +52,20 @@ def normalize_ws(s: str) -> str:
 
 
 def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insert, delete, substitute: cost 1), two-row dynamic programme."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
+    """Edit distance (insert, delete, substitute: cost 1)."""
+    return Levenshtein.distance(a, b)
 
 
 def edit_similarity(a: str, b: str) -> float:
     """1 - levenshtein / max length: 1.0 for equal strings (two empty ones included), 0.0 for disjoint."""
-    if not a and not b:
-        return 1.0
-    return 1.0 - levenshtein(a, b) / max(len(a), len(b))
+    return Levenshtein.normalized_similarity(a, b)
+
+
+def code_sim_score(prediction: str, ground_truth: str) -> float:
+    """LongBench's code-completion score (lcc, repobench-p): the prediction's first line (after leading
+    newlines) containing none of ` # // ("" when none does) is compared with the ground truth by
+    fuzzywuzzy's `fuzz.ratio` (the InDel similarity of python-Levenshtein, rounded to a whole percent;
+    100 for equal strings, 0 when just one is empty), divided by 100. rapidfuzz computes the same ratio."""
+    candidate = next((x for x in prediction.lstrip("\n").split("\n")
+                      if "`" not in x and "#" not in x and "//" not in x), "")
+    return round(fuzz.ratio(candidate, ground_truth)) / 100

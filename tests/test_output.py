@@ -1,0 +1,142 @@
+"""Output for people and for pipes: table/markdown/json, whole tables when piped, progress on stderr,
+pandas frames of the store and exports built on them."""
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from rich.table import Table
+from test_store import make_record
+
+import aspire_bench
+from aspire_bench.harness import tables
+from aspire_bench.harness.store import Store
+from aspire_bench.harness.store_cli import COMMANDS
+from aspire_bench.progress import TokenProgress
+
+CMD = {c.name: c for c in COMMANDS}
+
+
+def cli(*args, **env):
+    from aspire_bench.cli import main
+    return CliRunner(env=env).invoke(main, list(args))
+
+
+@pytest.fixture()
+def store(tmp_path):
+    path = str(tmp_path / "r.db")
+    with Store(path) as s:
+        for i, dec in enumerate(("ar", "aspire", "magicdec")):
+            rec = make_record(i, dec, tag="nightly", group="g1")
+            rec.config.update(decoder=dec, decoder_args={"gamma": 3}, context_len="16k", batch_size=8,
+                              temperature=0.0)
+            rec.aggregates["decode_tok_s"] = 100.0 * (i + 1)
+            s.save_run(rec)
+    return path
+
+
+def test_results_frame_one_row_per_run(store):
+    df = aspire_bench.results(store)
+    assert list(df["run_id"]) == [1, 2, 3] and list(df["decoder"]) == ["ar", "aspire", "magicdec"]
+    assert list(df["decode_tok_s"]) == [100.0, 200.0, 300.0]
+    assert set(df["context_len"]) == {"16k"} and list(df["seed"]) == [0, 1, 2]
+    assert (df["decoder_args.gamma"] == 3).all()  # nested config flattened
+    assert list(aspire_bench.results(store, decoder="aspire")["run_id"]) == [2]
+    with pytest.raises(TypeError, match="colour"):
+        aspire_bench.results(store, colour="red")
+
+
+def test_request_results_frame(store):
+    df = aspire_bench.request_results(store, group="g1")
+    assert len(df) == 6 and list(df.columns[:5]) == ["run_id", "model", "task", "decoder", "group"]
+    first = df[df["run_id"] == 1].set_index("request_id")
+    assert first.loc["r0", "n_output"] == 4 and first.loc["r1", "n_output"] == 5
+    assert first.loc["r0", "score"] == 1.0 and first.loc["r0", "batch_size"] == 8
+    assert first.loc["r0", "parity_kind"] == "near-tie"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_export_formats_round_trip(store, tmp_path, fmt):
+    out = tmp_path / f"runs.{fmt}"
+    r = CliRunner().invoke(CMD["export"], ["--store", store, "--format", fmt, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    back = {"csv": pd.read_csv, "parquet": pd.read_parquet,
+            "jsonl": lambda p: pd.read_json(p, lines=True)}[fmt](out)
+    assert list(back["decoder"]) == ["ar", "aspire", "magicdec"]
+    assert list(back["decode_tok_s"]) == [100.0, 200.0, 300.0]
+    req = tmp_path / f"req.{fmt}"
+    r = CliRunner().invoke(CMD["export"], ["--store", store, "--format", fmt, "--requests", "--out", str(req),
+                                           "--decoder", "ar"])
+    assert r.exit_code == 0, r.output
+    assert "2 requests" in r.output
+
+
+def test_export_records_and_parquet_needs_a_file(store):
+    r = CliRunner().invoke(CMD["export"], ["--store", store, "--format", "records"])
+    assert r.exit_code == 0 and json.loads(r.output.splitlines()[0])["steps"]
+    r = cli("export", "--store", store, "--format", "parquet")
+    assert r.exit_code == 2 and "--out" in r.output
+
+
+def test_piped_tables_print_whole_as_markdown(store):
+    # CliRunner's stdout is not a terminal: the default is markdown, whatever the width.
+    r = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    header = next(line for line in lines if line.startswith("| id |"))
+    assert "| context | batch |" in header and "…" not in r.output
+    assert any(line.startswith("| 2 |") and "| aspire |" in line and "| 16k | 8 |" in line for line in lines)
+    wide = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store, "--format", "table"])
+    assert "…" not in wide.output and "nightly" in wide.output and "16k" in wide.output
+
+
+def test_json_format_parses(store):
+    listed = json.loads(CliRunner().invoke(CMD["runs"], ["--store", store, "--format", "json"]).output)
+    assert [x["decoder"] for x in listed] == ["ar", "aspire", "magicdec"]
+    shown = json.loads(CliRunner().invoke(CMD["show"], ["2", "--store", store, "--format", "json"]).output)
+    assert shown["run_id"] == 2 and len(shown["requests"]) == 2 and "steps" not in shown
+    md = CliRunner().invoke(CMD["show"], ["2", "--store", store, "--format", "markdown"]).output
+    assert "**aggregates**" in md and "| decode_tok_s | 200 |" in md
+
+
+def test_markdown_escapes_and_keeps_alignment():
+    t = Table(title="[bold]t[/]")
+    t.add_column("a")
+    t.add_column("n", justify="right")
+    t.add_row("x|y", "1.5")
+    assert tables.to_markdown(t) == "**t**\n\n| a | n |\n| --- | ---: |\n| x\\|y | 1.5 |\n"
+
+
+def test_summary_speedup_uses_the_groups_ar_run(store):
+    with Store(store) as s:
+        recs = [s.get_run(i) for i in (1, 2, 3)]
+    t = tables.summary_table([recs[1]], baselines=[recs[0]])
+    headers, rows = tables.table_data(t)
+    assert rows[0][headers.index("speedup vs AR")] == "2.00x" and rows[0][headers.index("batch")] == "8"
+    other = make_record(9, "aspire", group="elsewhere")
+    assert tables.table_data(tables.summary_table([other], baselines=[recs[0]]))[1][0][3] == "—"
+
+
+def test_progress_goes_to_stderr(capsys):
+    with TokenProgress(10, "decoding") as bar:
+        bar.advance(10)
+    out, err = capsys.readouterr()
+    assert out == "" and "decoding" in err
+
+
+def test_info_lines_leave_json_stdout_clean(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
+    tables.info("stored run 1", "json")
+    assert "stored run 1" in capsys.readouterr().err
+
+
+def test_small_cli_things():
+    from aspire_bench.cli import TokenCount
+    assert TokenCount().convert("4k", None, None) == 4096 and TokenCount().convert("4096", None, None) == 4096
+    r = cli("calibrate", "--context-len", "30-40k")
+    assert r.exit_code == 2 and "one length" in r.output
+    assert "Default: 128." in cli("generate", "--help").output
+    assert "auto" in cli("run", "--help").output  # --dtype auto
