@@ -244,7 +244,7 @@ def test_unknown_decoder_and_setting_messages():
 def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
-    assert res["n_samples"] == 3 * 2 * 2 and len(res["samples"]) == res["n_samples"]
+    assert res["n_samples"] == 2 * 3 * 2 * 2 and len(res["samples"]) == res["n_samples"]
     assert all(len(s) == 4 for s in res["samples"])  # tokens, KV read, query x KV, seconds
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.

@@ -52,44 +52,49 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
               repeats: int = 3, seed: int = 0, progress=None) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
-    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds).
+    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds). Steps are
+    timed at two lengths (context / 4 and context): at one length a verify row's query x KV work
+    grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
     """
     rng = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
     d_max = max(drafts)
     engine.reserve(batch_size * (context + d_max + engine.page_size))
+    # A step's time does not depend on what the KV holds: random values instead of a prefill keep a
+    # calibration to seconds (the KV is read in full all the same).
+    engine.cache.k.uniform_(-2.0, 2.0, generator=torch.Generator(engine.cache.k.device).manual_seed(seed))
+    engine.cache.v.uniform_(-2.0, 2.0, generator=torch.Generator(engine.cache.v.device).manual_seed(seed + 1))
     slots = []
-    for _ in range(batch_size):  # a shared random prompt per slot, prefilled once
+    for _ in range(batch_size):
         slot = engine.alloc(context + d_max + 1)
-        ids = torch.randint(0, engine.cfg.vocab_size, (context,), generator=g).tolist()
-        for a in range(0, context, engine.prefill_chunk):
-            engine.forward([Row(slot, ids[a:a + engine.prefill_chunk], a, logits="none")])
+        slot.length = context
         slots.append(slot)
     r = engine.cfg.num_layers - 2
-    n_pages = -(-context // engine.page_size)
-    grid = [(n_verify, d, ratio) for n_verify in sorted({0, batch_size // 2, batch_size})
-            for d in drafts for ratio in ratios]
+    lengths = sorted({max(engine.page_size, context // 4), context})
+    grid = [(length, n_verify, d, ratio) for length in lengths
+            for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for ratio in ratios]
     samples = []
-    for i, (n_verify, d, ratio) in enumerate(grid):
+    for i, (length, n_verify, d, ratio) in enumerate(grid):
+        n_pages = -(-length // engine.page_size)
         budget = page_budget(n_pages, ratio, 1)
         pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
         rows, kv, qk = [], 0, 0
         for j, slot in enumerate(slots):
+            slot.length = length
             if j < n_verify:
-                rows.append(Row(slot, [rng.randrange(100)] * (d + 1), context, logits="all",
+                rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
-                kv += context + d + 1
-                qk += (d + 1) * (context + d + 1)
+                kv += length + d + 1
+                qk += (d + 1) * (length + d + 1)
             else:
-                rows.append(Row(slot, [rng.randrange(100)], context, view=pages, full_layers=frozenset({r}),
+                rows.append(Row(slot, [rng.randrange(100)], length, view=pages, full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
-                kv += min(context, budget * engine.page_size) + 1
-                qk += min(context, budget * engine.page_size) + 1
+                kv += min(length, budget * engine.page_size) + 1
+                qk += min(length, budget * engine.page_size) + 1
         walls = []
         for _ in range(repeats + 1):  # the first is a warm-up; the median resists machine noise
             walls.append(_time_step(engine, rows))
             for slot in slots:
-                engine.rollback(slot, context)
+                engine.rollback(slot, length)
         samples.append((sum(row.n for row in rows), kv, qk, statistics.median(walls[1:])))
         if progress:
             progress(i + 1, len(grid))

@@ -113,7 +113,7 @@ class SweepSpec(_Strict):
     limit: Positive | None = 8
     repeats: Positive = 1
     parity: bool = False
-    parity_tolerance: Annotated[float, Field(gt=0)] | None = None
+    parity_tolerance: float | None = None  # its range: harness/parity.check_tolerance
     tune: bool = False
     equal_work: bool = True
     warmup: bool = True

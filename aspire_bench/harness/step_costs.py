@@ -31,7 +31,8 @@ from ..engine import Capture, Engine, PageView, Row, TokenView
 KINDS = ("weights", "ar", "aspire", "window", "verify")
 # Draft cost c of each speculative decoder: which measured kind its draft rows resemble.
 DRAFT_KIND = {"magicdec": "window", "vegas": "vegas", "aspire": "aspire", "aspire-fixed": "aspire",
-              "aspire-fsm": "aspire", "aspire-norefresh": "aspire"}
+              "aspire-fsm": "aspire", "aspire-norefresh": "aspire", "aspire-papercost": "aspire",
+              "aspire-oracle": "aspire"}
 
 
 class Cell:
