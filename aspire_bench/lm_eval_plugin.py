@@ -126,6 +126,9 @@ class AspireLM(TemplateLM):
         self.add_bos_token = _as_bool(add_bos_token)
         self.equal_work = bool(_as_bool(equal_work))
         self.group = new_group_id()  # the runs one lm-eval invocation records share a group
+        if store is not None:  # a bad store fails now, before any evaluation
+            from .harness.store import check_store_path
+            check_store_path(store)
 
         self.engine = load_engine(self.pretrained, self.dtype, str(device), self.attention_backend)
         if self.dtype == "auto":  # runs are stored with the dtype they ran in
@@ -433,7 +436,7 @@ class AspireLM(TemplateLM):
 
     def _save(self, instances, reqs, output, texts, params, max_new, decoder, decoder_args, parity) -> None:
         from .harness import records
-        from .harness.store import Store
+        from .harness.store import save_record
         names = sorted({getattr(i, "task_name", None) or "?" for i in instances})
         config = {
             "model": self.pretrained, "decoder": decoder, "decoder_args": decoder_args,
@@ -453,5 +456,4 @@ class AspireLM(TemplateLM):
         env["attention_backend"] = self.engine.backend.name
         record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs}, env,
                                      texts=texts, parity=parity, tag=self.tag, group=self.group)
-        with Store(self.store) as st:
-            st.save_run(record)
+        save_record(self.store, record)  # a recovery JSONL beside the store if saving fails
