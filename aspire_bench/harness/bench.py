@@ -305,7 +305,7 @@ def bench_table(rows: list[BenchRow], bandwidth: float):
         collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
         t.add_row(
             r.context, str(r.batch_size), r.sampling, r.label, f"{a['n_requests']}x{a.get('repeats', 1)}",
-            f"{tok:,.1f} ({a['decode_tok_s_min']:,.0f}-{a['decode_tok_s_max']:,.0f})" if tok else "—",
+            f"{tok:,.1f} ({a['decode_tok_s_min']:,.1f}-{a['decode_tok_s_max']:,.1f})" if tok else "—",
             _fmt_ratio(f.get("speedup_vs_ar"), f.get("speedup_vs_ar_ci95")) if r.decoder != "ar" else "1",
             _fmt_ratio(f.get("speedup_vs_best_baseline"), f.get("speedup_vs_best_baseline_ci95")),
             f"{f['bound_share']:.0%} of {f['allowed_speedup']:.2f}x" if f.get("bound_share") is not None else "—",
