@@ -153,7 +153,7 @@ def test_store_text_prints_literally_and_unknown_fields_are_kept(work):
     before = snapshot(work)
     listed = cli("runs", "--store", "store.db", cwd=work)
     shown = cli("show", "1", "--store", "store.db", cwd=work)
-    exported = cli("export", "--store", "store.db", "--format", "records", cwd=work)  # whole records
+    exported = cli("export", "--store", "store.db", "--format", "records", cwd=work)
     for res in (listed, shown, exported):
         assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
     assert "[/oops]" in listed.stdout and "/m/[red]x" in listed.stdout

@@ -10,6 +10,7 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,12 +108,25 @@ class Store:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self._check_tables()
             if not readonly:
-                self.conn.execute("PRAGMA journal_mode = WAL")
+                self._enable_wal()
                 self.conn.execute("PRAGMA foreign_keys = ON")
                 self._migrate()
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the results store {self.path} ({e}): pass --store with an "
                              "aspire-bench store or a new file in a writable directory") from None
+
+    def _enable_wal(self) -> None:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is locked" at
+        # once instead of waiting on busy_timeout when another process opens it at the same moment.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _check_tables(self) -> None:
         tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

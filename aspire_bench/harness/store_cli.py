@@ -174,7 +174,7 @@ def export(store_path, fmt, per_request, out, **filters):
 @click.argument("jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @store_option
 def import_command(jsonl, store_path):
-    """Add run records from JSONL (`export`'s format, or a recovery file) to a store."""
+    """Add run records from JSONL (`export --format records`, or a recovery file) to a store."""
     try:
         with open(jsonl) as f:
             recs = read_jsonl(f)
