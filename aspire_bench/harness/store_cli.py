@@ -49,14 +49,18 @@ def _fmt(value) -> str:
     return escape(str(value))
 
 
+def filter_options(f):
+    """--decoder/--model/--task/--sweep/--tag/--group: which stored runs a read command takes."""
+    for name, what in reversed([("decoder", "this decoder"), ("model", "this model"), ("task", "this task"),
+                                ("sweep", "this sweep"), ("tag", "this tag"),
+                                ("group", "runs of this group (measured side by side)")]):
+        f = click.option(f"--{name}", help=f"Only {what}.")(f)
+    return f
+
+
 @click.command()
 @store_option
-@click.option("--decoder", help="Only this decoder.")
-@click.option("--model", help="Only this model.")
-@click.option("--task", help="Only this task.")
-@click.option("--sweep", help="Only this sweep.")
-@click.option("--tag", help="Only this tag.")
-@click.option("--group", help="Only runs of this group (measured side by side).")
+@filter_options
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N runs.")
 @format_option
 def runs(store_path, limit, fmt, **filters):
@@ -130,12 +134,7 @@ def _requests_table(rec: RunRecord) -> Table:
 @click.option("--requests", "per_request", is_flag=True,
               help="One row per request instead of per run (aspire_bench.request_results).")
 @click.option("--out", default="-", show_default=True, help="Output file; - is stdout (not for parquet).")
-@click.option("--decoder", help="Only this decoder.")
-@click.option("--model", help="Only this model.")
-@click.option("--task", help="Only this task.")
-@click.option("--sweep", help="Only this sweep.")
-@click.option("--tag", help="Only this tag.")
-@click.option("--group", help="Only runs of this group.")
+@filter_options
 def export(store_path, fmt, per_request, out, **filters):
     """Export the stored runs (or their requests) for analysis elsewhere."""
     import sys
