@@ -233,7 +233,7 @@ def _group_ar_runs(store: str, group: str | None) -> list:
         return []
     from .harness.store import Store
     with Store(store, readonly=True) as st:  # a read: the run itself is already saved
-        return [st.get_run(s["run_id"]) for s in st.list_runs(group=group, decoder="ar", status="ok")]
+        return [st.get_run(s["run_id"]) for s in st.list_runs(group=group, decoder="ar", status="ok", kind="measured")]
 
 
 def _concrete_dtype(model: str, dtype: str) -> str:

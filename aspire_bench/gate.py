@@ -224,15 +224,15 @@ def select_runs(store: Store, run_ids: Sequence[int], group: str | None) -> tupl
         selected = [store.get_run(i) for i in run_ids]
     else:
         if group is None:
-            grouped = [s for s in store.list_runs() if s["group"] is not None]
+            grouped = [s for s in store.list_runs(kind="measured") if s["group"] is not None]
             if not grouped:
                 raise UserError(f"no grouped runs in {store.path}: pass --run RUN_ID or --group GROUP")
             group = grouped[-1]["group"]
-        selected = [store.get_run(s["run_id"]) for s in store.list_runs(group=group)]
+        selected = [store.get_run(s["run_id"]) for s in store.list_runs(group=group, kind="measured")]
         if not selected:
             raise UserError(f"no runs of group {group!r} in {store.path}")
     context = [store.get_run(s["run_id"]) for g in {r.group for r in selected if r.group is not None}
-               for s in store.list_runs(group=g)]
+               for s in store.list_runs(group=g, kind="measured")]
     return selected, context
 
 

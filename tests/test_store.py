@@ -91,20 +91,43 @@ def test_jsonl_round_trip():
 
 def test_migration_from_empty_db_and_to_a_new_version(tmp_path, monkeypatch):
     path = tmp_path / "r.db"
+    latest = len(store.MIGRATIONS)
     with Store(path) as s:
-        assert store.schema_version(s.conn) == 1
+        assert store.schema_version(s.conn) == latest
         s.save_run(make_record())
     assert {t: n for t, n in counts(path).items() if t != "aggregates"} == {"runs": 1, "requests": 2, "steps": 1}
-    # How a v2 lands: one more entry in MIGRATIONS; an existing v1 store upgrades on open, data kept.
-    v2 = ("ALTER TABLE runs ADD COLUMN seed INTEGER", "UPDATE runs SET seed = json_extract(config, '$.seed')")
-    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, v2])
+    # How a new version lands: one more entry in MIGRATIONS; an existing store upgrades on open, data kept.
+    nxt = ("ALTER TABLE runs ADD COLUMN seed INTEGER", "UPDATE runs SET seed = json_extract(config, '$.seed')")
+    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, nxt])
     with Store(path) as s:
-        assert store.schema_version(s.conn) == 2
+        assert store.schema_version(s.conn) == latest + 1
         assert s.conn.execute("SELECT seed FROM runs").fetchall() == [(0,)]
         assert len(s.list_runs()) == 1
-    monkeypatch.setattr(store, "MIGRATIONS", store.MIGRATIONS[:1])
+    monkeypatch.setattr(store, "MIGRATIONS", store.MIGRATIONS[:latest])
     with pytest.raises(UserError, match="newer"):
         Store(path)
+
+
+def test_v1_store_reads_as_measured_runs_and_upgrades_to_run_kinds(tmp_path, monkeypatch):
+    path = tmp_path / "v1.db"
+    with Store(path) as s:  # a store as written before runs had a kind: v2 undone
+        s.save_run(make_record())
+        s.conn.execute("DROP INDEX runs_kind")
+        s.conn.execute("ALTER TABLE runs DROP COLUMN kind")
+        s.conn.execute("UPDATE schema_version SET version = 1")
+    with Store(path, readonly=True) as s:  # read-only: never upgraded, still readable
+        assert store.schema_version(s.conn) == 1
+        assert [r["kind"] for r in s.list_runs()] == ["measured"]
+        assert len(s.list_runs(kind="measured")) == 1 and s.list_runs(kind="simulated") == []
+        assert s.get_run(1).kind == "measured"
+    with Store(path) as s:  # a writing open upgrades it; other kinds are then stored and filtered
+        assert store.schema_version(s.conn) == len(store.MIGRATIONS)
+        sim = make_record(1)
+        sim.kind = "simulated"
+        s.save_run(sim)
+        assert [r["kind"] for r in s.list_runs()] == ["measured", "simulated"]
+        assert [r["run_id"] for r in s.list_runs(kind="simulated")] == [2]
+        assert s.get_run(2).kind == "simulated"
 
 
 def test_exception_mid_write_leaves_no_rows(tmp_path, monkeypatch):
@@ -228,3 +251,15 @@ def test_cli_runs_show_export(tmp_path):
     assert json.loads(exported.output.splitlines()[0])["tag"] == "nightly"
     missing = runner.invoke(cmd["runs"], ["--store", str(tmp_path / "nope.db")])
     assert missing.exit_code != 0 and not (tmp_path / "nope.db").exists()
+
+
+def test_only_measured_runs_reach_the_leaderboard(tmp_path):
+    from aspire_bench.report.leaderboard import load_runs
+    path = tmp_path / "r.db"
+    with Store(path) as s:
+        s.save_run(make_record(0))
+        for i, kind in ((1, "simulated"), (2, "diagnostic")):
+            rec = make_record(i)
+            rec.kind = kind
+            s.save_run(rec)
+    assert [r.kind for r in load_runs(path)] == ["measured"]

@@ -40,8 +40,8 @@ def test_train_tiny_runs_and_learns(tmp_path):
     record = train_tiny(tmp_path, max_steps=40, settings=settings, files=files, eval_tokens=0, log_every=100)
     assert record["steps"] == 40 and record["long_phase_from_step"] == 32
     assert record["final_train_loss"] < record["first_train_loss"] - 1.0
-    assert record["corpus"] == {"split": "train", "files": 6, "sha256": corpus.content_hash(files),
-                                "heldout_packages": list(corpus.HELDOUT_PACKAGES)}
+    assert record["corpus"] == {"name": "stdlib", "split": "train", "files": 6,
+                                "sha256": corpus.content_hash(files), "heldout_packages": list(corpus.HELDOUT_PACKAGES)}
     saved = json.loads((tmp_path / "training.json").read_text())
     assert saved["tokens_seen"] == record["tokens_seen"] > 0
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,6 +51,38 @@ def test_train_tiny_runs_and_learns(tmp_path):
     assert model.config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
     assert model.generation_config.eos_token_id == tok.eos_token_id
     assert tok.decode(tok("def f(x):\n    return x\n")["input_ids"]) == "def f(x):\n    return x\n"
+
+
+def test_eval_points_keep_loadable_snapshots(tmp_path):
+    files = corpus.list_files("train")[:4]
+    record = train_tiny(tmp_path, max_steps=8, settings=_small_settings(), files=files, eval_tokens=256,
+                        log_every=100, eval_every=4)
+    assert [p["step"] for p in record["curve"]] == [4, 8]
+    from transformers import AutoModelForCausalLM
+    snap = AutoModelForCausalLM.from_pretrained(tmp_path / "curve" / "step_8", dtype=torch.float32)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    # The last snapshot is the final model: snapshots never rounded the weights training went on with.
+    for (name, a), b in zip(snap.state_dict().items(), final.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert (tmp_path / "curve" / "step_4" / "tokenizer.json").is_file()
+
+
+def test_python_corpus_adds_site_packages_but_never_heldout_code(monkeypatch):
+    files = corpus.site_files(("click",))
+    assert files and all(f.relpath.startswith("site/click/") and f.package == "site/click" for f in files)
+    assert not any("/tests/" in f.relpath or "_vendor" in f.relpath for f in files)
+    # A file whose text equals a held-out file's (a vendored copy) is dropped.
+    some = files[0].text
+    assert all(f.text != some for f in corpus.site_files(("click",), exclude_texts=frozenset({some})))
+    monkeypatch.setattr(corpus, "SITE_PACKAGES", ("click",))
+    monkeypatch.setattr(corpus, "site_files", lambda exclude_texts: [
+        f for f in files if f.text not in exclude_texts])
+    train = corpus.training_files("python")
+    heldout = {f.text for f in corpus.list_files("heldout") if f.text.strip()}  # empty __init__.py files aside
+    assert len(train) == len(corpus.list_files("train")) + len(files)
+    assert not heldout.intersection(f.text for f in train)
+    with pytest.raises(ValueError, match="unknown corpus"):
+        corpus.training_files("web")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from .store import DEFAULT_PATH, FILTERS, Store
 
 # The store's run columns (decoder, model, task as short names); the config's own keys follow them.
 RUN_COLUMNS = ["run_id", "created_at", "status", "error", "sweep", "tag", "group", "config_hash", "decoder",
-               "model", "task"]
+               "model", "task", "kind"]
 # Run settings repeated on each request row (after run_id, model, task, decoder, group), so a request
 # frame groups without a merge.
 REQUEST_CONTEXT = ["context_len", "batch_size", "temperature"]
@@ -23,18 +23,19 @@ REQUEST_COLUMNS = ["request_id", "prompt_len", "n_output", "finish_reason", "sco
                    "mean_accepted_len", "parity_kind", "parity_first_divergence", "parity_margin"]
 
 
-def _where(filters: dict) -> tuple[str, list]:
+def _where(store: Store, filters: dict) -> tuple[str, list]:
     unknown = set(filters) - set(FILTERS)
     if unknown:
         raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
-    parts = [(f"r.{FILTERS[k]} = ?", v) for k, v in filters.items() if v is not None]
+    parts = [(f"{store.kind_sql('r.') if k == 'kind' else 'r.' + FILTERS[k]} = ?", v)
+             for k, v in filters.items() if v is not None]
     return (" WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
 
 
 def _runs(store: Store, filters: dict) -> pd.DataFrame:
-    where, params = _where(filters)
+    where, params = _where(store, filters)
     sql = ("SELECT r.run_id, r.created_at, r.status, r.error, r.sweep, r.tag, r.grp AS \"group\", r.config_hash,"
-           f" r.decoder, r.model, r.task, r.config FROM runs r{where} ORDER BY r.run_id")
+           f" r.decoder, r.model, r.task, {store.kind_sql('r.')} AS kind, r.config FROM runs r{where} ORDER BY r.run_id")
     return pd.read_sql_query(sql, store.conn, params=params)
 
 
@@ -47,7 +48,7 @@ def _open(store) -> tuple[Store, bool]:
 
 def results(store: str | Path | Store = DEFAULT_PATH, **filters) -> pd.DataFrame:
     """One row per run (oldest first): identity, flattened config, aggregates. Filters as `runs`'s
-    (decoder, model, task, sweep, tag, group, config_hash, status), matched exactly."""
+    (decoder, model, task, sweep, tag, group, config_hash, status, kind), matched exactly."""
     st, owned = _open(store)
     try:
         runs = _runs(st, filters)
@@ -74,7 +75,7 @@ def request_results(store: str | Path | Store = DEFAULT_PATH, **filters) -> pd.D
     st, owned = _open(store)
     try:
         runs = _runs(st, filters)
-        where, params = _where(filters)
+        where, params = _where(st, filters)
         reqs = pd.read_sql_query(
             f"SELECT q.run_id, q.idx, {', '.join('q.' + c for c in REQUEST_COLUMNS)} FROM requests q"
             f" JOIN runs r ON r.run_id = q.run_id{where} ORDER BY q.run_id, q.idx", st.conn, params=params)

@@ -27,6 +27,9 @@ NON_IDENTITY_KEYS = frozenset({"store", "store_path", "out", "output_dir", "tag"
 INFO_NOT_SETTINGS = frozenset({"decode_samples", "tuning", "verifications", "step_costs"})
 
 # Column order of one step row in StepRecord.rows.
+# What a stored run is: measured by running a decoder, predicted by `aspire-bench simulate`, or a
+# measurement about a model rather than a decoder (`aspire-bench diagnose`).
+RUN_KINDS = ("measured", "simulated", "diagnostic")
 ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read")
 
 
@@ -78,6 +81,7 @@ class RunRecord:
     config_hash: str
     env: dict
     status: str = "ok"  # "ok" | "failed"
+    kind: str = "measured"  # one of RUN_KINDS; only measured runs are ranked (leaderboard, gate)
     error: str | None = None
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     sweep: str | None = None

@@ -24,7 +24,7 @@ BUSY_TIMEOUT_S = 60.0
 
 # Columns of `runs` that list_runs can filter on (API name -> column; GROUP is an SQL keyword).
 FILTERS = {"decoder": "decoder", "model": "model", "task": "task", "sweep": "sweep", "tag": "tag",
-           "group": "grp", "config_hash": "config_hash", "status": "status"}
+           "group": "grp", "config_hash": "config_hash", "status": "status", "kind": "kind"}
 
 _V1 = (
     """CREATE TABLE runs (
@@ -62,10 +62,14 @@ _V1 = (
         PRIMARY KEY (run_id, name))""",
 )
 
+# v2: what a run is (records.RUN_KINDS): measured on this machine, simulated, or a diagnostic. Readers
+# that rank decoders (leaderboard, gate) take measured runs only.
+_V2 = ("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'measured'",
+       "CREATE INDEX runs_kind ON runs(kind)")
+
 # MIGRATIONS[i] takes the schema from version i to i+1; append, never edit a released one.
-# A v2 would be one more tuple, e.g. ("ALTER TABLE runs ADD COLUMN batch_size INTEGER",
-# "UPDATE runs SET batch_size = json_extract(config, '$.batch_size')"), and old stores upgrade on open.
-MIGRATIONS: list[tuple[str, ...]] = [_V1]
+# Old stores upgrade on open.
+MIGRATIONS: list[tuple[str, ...]] = [_V1, _V2]
 
 # Test seam: called inside save_run's transaction after the runs row is written.
 _mid_write_hook: Callable[[], None] | None = None
@@ -177,10 +181,10 @@ class Store:
         with self._transaction() as c:
             run_id = c.execute(
                 "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
-                " config, env, info) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " config, env, info, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
                  record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
-                 _dumps(record.config), _dumps(record.env), _dumps(record.info)),
+                 _dumps(record.config), _dumps(record.env), _dumps(record.info), record.kind),
             ).lastrowid
             if _mid_write_hook is not None:
                 _mid_write_hook()
@@ -212,7 +216,7 @@ class Store:
         return RunRecord(
             run_id=run["run_id"], created_at=run["created_at"], config_hash=run["config_hash"],
             status=run["status"], error=run["error"], sweep=run["sweep"], tag=run["tag"], group=run["grp"],
-            config=json.loads(run["config"]), env=json.loads(run["env"]), info=json.loads(run["info"]),
+            kind=run.get("kind", "measured"), config=json.loads(run["config"]), env=json.loads(run["env"]), info=json.loads(run["info"]),
             requests=requests, steps=[_step_from_list(s) for s in json.loads(steps_row[0])] if steps_row else [],
             aggregates=self._aggregates(run_id),
         )
@@ -226,9 +230,10 @@ class Store:
         unknown = set(filters) - set(FILTERS)
         if unknown:
             raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
-        where = [(f"{FILTERS[k]} = ?", v) for k, v in filters.items() if v is not None]
-        sql = ("SELECT run_id, created_at, status, error, decoder, model, task, sweep, tag, grp, config_hash"
-               " FROM runs" + (" WHERE " + " AND ".join(w for w, _ in where) if where else "") + " ORDER BY run_id")
+        kind = self.kind_sql()
+        where = [(f"{FILTERS[k] if k != 'kind' else kind} = ?", v) for k, v in filters.items() if v is not None]
+        sql = (f"SELECT run_id, created_at, status, error, decoder, model, task, sweep, tag, grp, config_hash,"
+               f" {kind} AS kind FROM runs" + (" WHERE " + " AND ".join(w for w, _ in where) if where else "") + " ORDER BY run_id")
         params = [v for _, v in where]
         if limit is not None:
             # The newest `limit` runs, still listed oldest first.
@@ -237,6 +242,11 @@ class Store:
         cur = self.conn.execute(sql, params)
         names = ["group" if d[0] == "grp" else d[0] for d in cur.description]
         return [{**dict(zip(names, row)), "aggregates": self._aggregates(row[0])} for row in cur.fetchall()]
+
+    def kind_sql(self, table: str = "") -> str:
+        """The SQL for a run's kind: a v1 store opened read-only is never upgraded, and its runs are
+        all measured ones."""
+        return f"{table}kind" if "kind" in _columns(self.conn, "runs") else "'measured'"
 
     def find_by_config_hash(self, h: str) -> list[dict]:
         return self.list_runs(config_hash=h)

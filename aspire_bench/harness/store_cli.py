@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from aspire_bench.errors import UserError
-from aspire_bench.harness.records import RunRecord, read_jsonl
+from aspire_bench.harness.records import RUN_KINDS, RunRecord, read_jsonl
 from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
 from aspire_bench.harness.tables import emit, format_option, resolve_format
 
@@ -50,7 +50,9 @@ def _fmt(value) -> str:
 
 
 def filter_options(f):
-    """--decoder/--model/--task/--sweep/--tag/--group: which stored runs a read command takes."""
+    """--decoder/--model/--task/--sweep/--tag/--group/--kind: which stored runs a read command takes."""
+    f = click.option("--kind", type=click.Choice(RUN_KINDS),
+                     help="Only runs of this kind (measured, simulated by `simulate`, or `diagnose` results).")(f)
     for name, what in reversed([("decoder", "this decoder"), ("model", "this model"), ("task", "this task"),
                                 ("sweep", "this sweep"), ("tag", "this tag"),
                                 ("group", "runs of this group (measured side by side)")]):

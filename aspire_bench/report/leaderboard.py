@@ -94,7 +94,7 @@ class Leaderboards:
 
 def load_runs(store_path: str | Path) -> list[RunRecord]:
     with Store(store_path, readonly=True) as store:  # a report never writes to the store
-        return [store.get_run(s["run_id"]) for s in store.list_runs()]
+        return [store.get_run(s["run_id"]) for s in store.list_runs(kind="measured")]
 
 
 def build(runs: list[RunRecord]) -> Leaderboards:

@@ -8,6 +8,7 @@ over long distances. Everything is step-count fixed and seeded, so a run is repr
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -275,6 +276,7 @@ def train_tiny(
     init_from: str | Path | None = None,
     checkpoint_every: int = 0,
     eval_every: int = 0,
+    corpus_name: str = "stdlib",
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
 
@@ -285,7 +287,9 @@ def train_tiny(
     `checkpoint_every` steps the whole training state (weights, optimizer, step, data and RNG state)
     is saved to `out_dir/checkpoint.pt`; a run started again with the same arguments resumes from it
     and takes exactly the steps it would have taken uninterrupted (step-count schedules only).
-    `eval_every` steps the held-out loss at 4k context is appended to `out_dir/curve.jsonl`.
+    `eval_every` steps the held-out loss at 4k context is appended to `out_dir/curve.jsonl`, and the
+    weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
+    against tokens afterwards. `corpus_name` picks the training corpus (corpus.training_files).
     """
     import transformers
     from transformers import GenerationConfig, Qwen3ForCausalLM
@@ -302,7 +306,7 @@ def train_tiny(
         s.tokens_per_step *= 8  # a GPU has room for a bigger batch at the same step count
     t0 = time.time()
 
-    files = corpus.list_files("train") if files is None else files
+    files = corpus.training_files(corpus_name) if files is None else files
     if init_from is None:
         tok = train_tokenizer(files, s.vocab_size)
     else:  # continue training a checkpoint of this script: same tokenizer, its weights
@@ -376,6 +380,9 @@ def train_tiny(
                      "train_wall_s": round(time.time() - t_train, 1)}
             with curve_path.open("a") as f:
                 f.write(json.dumps(point) + "\n")
+            snapshot = out_dir / "curve" / f"step_{step}"
+            copy.deepcopy(model).to(torch.bfloat16).save_pretrained(snapshot)  # training weights stay fp32
+            save_tokenizer(tok, snapshot)
             print(f"eval  {point}", flush=True)
         if checkpoint_every and step % checkpoint_every == 0:
             save_checkpoint(ckpt_path, {
@@ -404,8 +411,9 @@ def train_tiny(
         # The mean of the last steps, not one step's: a single long batch is noisy.
         "first_train_loss": round(losses[0], 4),
         "final_train_loss": round(float(np.mean(losses[-min(20, len(losses)):])), 4),
-        "corpus": {"split": "train", "files": len(files), "sha256": corpus.content_hash(files),
-                   "heldout_packages": list(corpus.HELDOUT_PACKAGES)},
+        "corpus": {"name": corpus_name, "split": "train", "files": len(files),
+                   "sha256": corpus.content_hash(files), "heldout_packages": list(corpus.HELDOUT_PACKAGES),
+                   **({"site_packages": corpus.package_versions()} if corpus_name == "python" else {})},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": sys.version.split()[0]},
     }
@@ -444,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated sequence lengths cycled through in the long phase")
     ap.add_argument("--checkpoint-every", type=int, default=0,
                     help="save the whole training state every N steps; rerunning the same command resumes")
+    ap.add_argument("--corpus", choices=corpus.CORPORA, default="stdlib",
+                    help="stdlib: the standard library; python: stdlib + the Python source of the installed "
+                         "dependencies (torch, transformers, pandas, ...), ~50x the text")
     ap.add_argument("--eval-every", type=int, default=0,
                     help="append the held-out loss at 4k to OUT/curve.jsonl every N steps (learning curve)")
     args = ap.parse_args(argv)
@@ -467,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                                  long_lens=long_lens)
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
                    threads=args.threads, command=command, init_from=args.init_from, settings=settings,
-                   checkpoint_every=args.checkpoint_every, eval_every=args.eval_every)
+                   checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, corpus_name=args.corpus)
     return 0
 
 
