@@ -5,6 +5,7 @@ The checkpoint tests fail (not skip) when it is missing: it is part of the packa
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +169,19 @@ def test_shipped_greedy_continuation_is_not_a_loop(shipped):
     new = out[0, ids.shape[1]:].tolist()
     assert len(new) == 128
     assert distinct_n(new, 4) >= 0.5, tok.decode(new)
+
+
+def test_learning_curve_extrapolation_solves_its_fits():
+    import math
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import learning_curve as lc
+    # loss = 6 - 0.25 ln(tokens): reaches 3.9 at exp(8.4); acceptance = 1.9 - 0.25 loss: 0.88 at loss 4.08
+    pts = [{"tokens_total": t, "heldout_loss_4096": 6 - 0.25 * math.log(t)} for t in (1e6, 2e6, 4e6, 8e6)]
+    for p in pts:
+        p["pages@16384"] = 1.9 - 0.25 * p["heldout_loss_4096"]
+    assert lc.tokens_for_loss(pts, 3.9, 4) == pytest.approx(math.exp(8.4), rel=1e-6)
+    assert lc.loss_for_acceptance(pts, "pages@16384", 0.88) == pytest.approx(4.08)
+    flat = [{"tokens_total": t, "heldout_loss_4096": 4.2} for t in (1e6, 2e6)]
+    assert lc.tokens_for_loss(flat, 3.9, 4) is None  # not improving: no extrapolation, never a made-up number
+    assert lc.tokens_for_loss(pts[:1], 3.9, 4) is None
