@@ -45,9 +45,12 @@ def tokens_for_loss(points: list[dict], target: float, fit_points: int) -> float
     if len(pts) < 2:
         return None
     slope, icept = np.polyfit([math.log(p["tokens_total"]) for p in pts], [p["heldout_loss_4096"] for p in pts], 1)
-    if slope >= 0:
+    if slope > -1e-6:  # flat or rising: no target is ever reached on this trend
         return None
-    return float(math.exp((target - icept) / slope))
+    try:
+        return float(math.exp((target - icept) / slope))
+    except OverflowError:
+        return None
 
 
 def loss_for_acceptance(points: list[dict], key: str, target: float) -> float | None:
@@ -55,7 +58,7 @@ def loss_for_acceptance(points: list[dict], key: str, target: float) -> float | 
     if len(pts) < 2:
         return None
     slope, icept = np.polyfit([p["heldout_loss_4096"] for p in pts], [p[key] for p in pts], 1)
-    if slope >= 0:  # acceptance should rise as loss falls
+    if slope > -1e-6:  # acceptance should rise as loss falls
         return None
     return float((target - icept) / slope)
 
