@@ -23,6 +23,14 @@ from aspire_bench.engine.loading import random_model
 from aspire_bench.tinymodel import TINY_DIR
 
 
+class NullAttention:
+    """Attention that returns its queries: leaves only the dense work in a forward (--attention-backend null)."""
+    name = "null"
+
+    def attend(self, layer, q, k_cache, v_cache, meta):
+        return q.clone(), {}
+
+
 def time_forward(engine: Engine, tokens: int, batch: int, repeats: int) -> float:
     """Median ms of one forward of `batch` rows sharing `tokens` tokens (as evenly as they split)."""
     per = [tokens // batch + (i < tokens % batch) for i in range(batch)]
@@ -54,7 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="8,56", help="comma-separated token counts per forward")
     ap.add_argument("--batch", type=int, default=8, help="rows the tokens are split over")
     ap.add_argument("--dense", default="eager,fused,cpp", help="dense backends to time")
-    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--attention-backend", default="auto", help="auto | torch | cpu | null (no attention: "
+                    "the dense work alone)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--json", type=Path, default=None)
@@ -65,7 +74,10 @@ def main(argv=None) -> int:
     model = random_model(cfg, "float32", "cpu", 0)
     out = {}
     for dense in a.dense.split(","):
-        engine = Engine(model, None, a.attention_backend, dense_backend=dense)
+        null = a.attention_backend == "null"
+        engine = Engine(model, None, "torch" if null else a.attention_backend, dense_backend=dense)
+        if null:
+            engine.backend = NullAttention()
         for n in (int(t) for t in a.tokens.split(",")):
             ms = time_forward(engine, n, a.batch, a.repeats)
             out.setdefault(dense, {})[n] = ms
