@@ -6,6 +6,7 @@ bundled model's shape (random weights: the work does not depend on them), median
 
 Usage:
   OMP_NUM_THREADS=2 python bench/dense_forward.py --tokens 8,56 --threads 2 --repeats 200
+  OMP_NUM_THREADS=1 python bench/dense_forward.py --threads 1 --clock cpu   # on a shared machine
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class NullAttention:
         return q.clone(), {}
 
 
-def time_forward(engine: Engine, tokens: int, batch: int, repeats: int) -> float:
-    """Median ms of one forward of `batch` rows sharing `tokens` tokens (as evenly as they split)."""
+def time_forward(engine: Engine, tokens: int, batch: int, repeats: int, clock=time.perf_counter) -> float:
+    """Median ms of one forward of `batch` rows sharing `tokens` tokens (as evenly as they split), by
+    `clock` (wall, or process CPU time: at one thread, robust to other jobs on a shared machine)."""
     per = [tokens // batch + (i < tokens % batch) for i in range(batch)]
     per = [n for n in per if n]
     engine.reserve(len(per) * max(per) + 64 * len(per))
@@ -49,9 +51,9 @@ def time_forward(engine: Engine, tokens: int, batch: int, repeats: int) -> float
         step()
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         step()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     for s in slots:
         engine.free(s)
     return statistics.median(ts) * 1e3
@@ -66,6 +68,8 @@ def main(argv=None) -> int:
                     "the dense work alone)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall clock, or process CPU time (meaningful at --threads 1 on a loaded machine)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     if a.threads:
@@ -79,11 +83,11 @@ def main(argv=None) -> int:
         if null:
             engine.backend = NullAttention()
         for n in (int(t) for t in a.tokens.split(",")):
-            ms = time_forward(engine, n, a.batch, a.repeats)
+            ms = time_forward(engine, n, a.batch, a.repeats, time.process_time if a.clock == "cpu" else time.perf_counter)
             out.setdefault(dense, {})[n] = ms
             print(f"{dense:6s} {n:4d} tokens  {ms:7.3f} ms", flush=True)
     if a.json:
-        a.json.write_text(json.dumps({"threads": torch.get_num_threads(), "ms": out}, indent=1))
+        a.json.write_text(json.dumps({"threads": torch.get_num_threads(), "clock": a.clock, "ms": out}, indent=1))
     return 0
 
 
