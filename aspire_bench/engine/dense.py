@@ -184,8 +184,8 @@ class CompiledDense:
         self._norm = addr(model.norm)
         self._lm_head = addr(cpu_dense.pack(model.lm_head))
         self.vocab = model.lm_head.shape[0]
-        self._dims = torch.tensor([cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                   model.layers[0].w_down.shape[1], 0], dtype=torch.int64)
+        self._shape = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.layers[0].w_down.shape[1]]
+        self._dims = torch.tensor([*self._shape, 0], dtype=torch.int64)  # the head's call reads dims[0] only
         self.eps = float(cfg.rms_norm_eps)
 
     def forward(self, model, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows):
@@ -194,15 +194,16 @@ class CompiledDense:
         L, hq, d = len(self._ptrs), cfg.num_heads, cfg.head_dim
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or dest.dtype != torch.int64:
             raise ValueError("the compiled dense path needs contiguous K/V pools and int64 destinations")
-        if self._dims[5] != k_cache.shape[2]:
-            self._dims[5] = k_cache.shape[2]
-        dims, eps, threads = self._dims.data_ptr(), self.eps, torch.get_num_threads()
+        # per forward, with this pool's capacity: engines sharing the model may have pools of other sizes
+        dims_t = torch.tensor([*self._shape, k_cache.shape[2]], dtype=torch.int64)
+        dims, eps, threads = dims_t.data_ptr(), self.eps, torch.get_num_threads()
         x = model.embed[tokens].contiguous()
         q = torch.empty(T, hq, d)
         cos, sin, dest = cos.contiguous(), sin.contiguous(), dest.contiguous()
         xp, qp, kp, vp = x.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
         dp, cp, sp = dest.data_ptr(), cos.data_ptr(), sin.data_ptr()
-        self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads)
+        if self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
+            raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
         captures: dict[int, dict[int, torch.Tensor]] = {}
         for li in range(L):
             attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
