@@ -1,4 +1,8 @@
-"""The fused dense path: a layer's norms, RoPE, projections and MLP in ~20 torch calls instead of ~50.
+"""The CPU dense paths: a layer's norms, RoPE, projections and MLP in fewer calls than model.py's eager ~50.
+
+`CompiledDense` (dense backend `cpp`, the default for fp32 on a CPU; at the end of this file) runs
+them as one compiled C++ call per layer. `FusedDense` (backend `fused`, the fallback without a C++
+compiler) needs no compiler: ~20 torch calls per layer, as follows.
 
 On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so this
 path removes calls (same maths, fp32 rounding order aside):
@@ -12,7 +16,7 @@ path removes calls (same maths, fp32 rounding order aside):
   MKL's sgemm), the residual add fused as a post-op. Where this torch build has
   no oneDNN, plain `F.linear` (one warning).
 
-It covers fp32 on a CPU (`auto` picks it there); other dtypes and devices run the eager reference
+Both cover fp32 on a CPU (`auto` picks `cpp`, else `fused`, there); other dtypes and devices run the eager reference
 in model.py, which computes norms in fp32 before rounding.
 """
 from __future__ import annotations

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..kernels.base import AttentionBackend, AttentionMeta
-from .config import ModelConfig, dynamic_ntk_inv_freq, rope_attention_factor, rope_inv_freq
 from ..kernels.cpu_attention import KernelBuildError
+from .config import ModelConfig, dynamic_ntk_inv_freq, rope_attention_factor, rope_inv_freq
 from .dense import CompiledDense, FusedDense
 
 DENSE_BACKENDS = ("auto", "cpp", "fused", "eager")
