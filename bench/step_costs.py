@@ -7,7 +7,8 @@ A speculative decoder's throughput over AR is bounded by its step costs relative
 with c = draft step / AR step, v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
 1-token verify is an AR step) and a the per-token acceptance. This script measures c and v(1..G) on
 the real engine at batch B and context C (one forward over B rows of each kind), splits each step
-into attention, matmuls (`F.linear`, or the fused path's projections) and the rest (norms, RoPE, KV writes, metadata, Python) on the
+into attention, matmuls (`F.linear`, the fused path's projections, or the compiled path's kernel calls,
+which also do its norms, RoPE and KV writes) and the rest (norms, RoPE, KV writes, metadata, Python) on the
 CPU, and prints the best speedup the measured costs allow for a range of acceptances. On a GPU v is
 close to 1 (verify reads the same KV as an AR step); on a CPU the extra queries cost compute, and v
 grows with gamma.
@@ -80,8 +81,21 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
         timers.linear += time.perf_counter() - t0
         return r
 
+    compiled = engine.model._compiled if engine.dense_backend == "cpp" else None
+
+    def timed_call(fn):  # the compiled path's kernel calls: all of a layer's dense work, norms and RoPE included
+        def call(*args):
+            t0 = time.perf_counter()
+            r = fn(*args)
+            timers.linear += time.perf_counter() - t0
+            return r
+        return call
+
     engine.backend, model_module.F = TimedBackend(real_backend, timers), timed_functional(timers)
     dense_module.Proj.__call__ = timed_proj
+    if compiled:
+        real_kernels = compiled._layer, compiled._head
+        compiled._layer, compiled._head = map(timed_call, real_kernels)
     attn, lin = [], []
     try:
         cell.step(kind)
@@ -92,6 +106,8 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
             lin.append(timers.linear)
     finally:
         engine.backend, model_module.F, dense_module.Proj.__call__ = real_backend, real_F, real_proj
+        if compiled:
+            compiled._layer, compiled._head = real_kernels
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 
@@ -155,18 +171,22 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default="auto", help="attention backend: auto | cpu | torch | triton")
-    ap.add_argument("--dense-backend", default="auto", help="dense part of a layer: auto | fused | eager")
+    ap.add_argument("--dense-backend", default="auto", help="dense part of a layer: auto | cpp | fused | eager")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall clock, or process CPU time (meaningful at --threads 1 on a shared machine)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    if a.clock == "cpu":  # every timer of this process (the harness's too) reads process CPU time
+        time.perf_counter = time.process_time
     if a.threads:
         torch.set_num_threads(a.threads)
     engine = make_engine(a.shape, a.dtype, a.device, a.backend, a.seed, a.dense_backend)
     results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed)
     print_table(results)
     if a.json:
-        meta = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "backend": engine.backend.name,
+        meta = {"shape": a.shape, "dtype": a.dtype, "clock": a.clock, "device": a.device, "backend": engine.backend.name,
                 "dense_backend": engine.dense_backend,
                 "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None}

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import dense_forward
 import step_costs
 
 
@@ -26,13 +27,23 @@ def test_speedup_bound_matches_the_closed_form():
     assert step_costs.best_speedup(0.1, {k: x + 0.2 * k for k, x in v.items()}, 0.8)[0] < s
 
 
+def test_dense_forward_times_each_dense_backend(tmp_path):
+    out = tmp_path / "dense.json"
+    assert dense_forward.main(["--tokens", "1,5", "--batch", "2", "--repeats", "1", "--dense", "cpp,eager",
+                               "--attention-backend", "null", "--json", str(out)]) == 0
+    ms = json.loads(out.read_text())["ms"]
+    assert set(ms) == {"cpp", "eager"} and all(set(v) == {"1", "5"} and min(v.values()) > 0 for v in ms.values())
+
+
 def test_step_costs_measures_every_row_kind():
     engine = step_costs.make_engine("tiny", "float32", "cpu", "torch", seed=0)
     (r,) = step_costs.measure(engine, [512], batch=2, gamma=3, repeats=1, seed=0)
     assert set(r["ms"]) == set(step_costs.KINDS) and all(v > 0 for v in r["ms"].values())
     assert r["c_aspire"] == pytest.approx(r["ms"]["aspire"] / r["ms"]["ar"])
     assert set(r["split"]["ar"]) == {"attention_ms", "matmul_ms", "other_ms"}
-    assert r["split"]["weights"]["matmul_ms"] > 0  # the fused dense path's projections are timed too
+    assert r["split"]["weights"]["matmul_ms"] > 0  # the compiled dense path's kernel calls are timed too
+    from aspire_bench.kernels.cpu_dense import load_library
+    assert engine.model._compiled._layer is load_library().aspire_dense_layer  # timing wrappers removed
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -19,9 +20,9 @@ def hf_logits(model, ids):
         return model(torch.tensor([ids])).logits[0]
 
 
-@pytest.fixture(params=[(f, d) for f in FAMILIES for d in ("fused", "eager")], ids=lambda p: "-".join(p))
+@pytest.fixture(params=[(f, d) for f in FAMILIES for d in ("cpp", "fused", "eager")], ids=lambda p: "-".join(p))
 def family(request, checkpoints):
-    """Each family through both dense paths (engine/dense.py's fused one and model.py's eager one)."""
+    """Each family through every dense path (engine/dense.py's compiled and fused ones, model.py's eager one)."""
     fam, dense = request.param
     path, hf = checkpoints[fam]
     eng = Engine(load_model(path), attention_backend="torch", prefill_chunk=24, dense_backend=dense)
@@ -225,14 +226,15 @@ def test_fused_dense_branches_match_transformers(checkpoints, monkeypatch, fam, 
 
 def test_dense_backend_choice(checkpoints, monkeypatch):
     path, _ = checkpoints["qwen3"]
-    assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"  # auto on a CPU, fp32
+    assert Engine(load_model(path), attention_backend="torch").dense_backend == "cpp"  # auto on a CPU, fp32
     assert Engine(load_model(path, "bfloat16"), attention_backend="torch").dense_backend == "eager"
     monkeypatch.setenv("ASPIRE_BENCH_DENSE", "eager")
     assert Engine(load_model(path), attention_backend="torch").dense_backend == "eager"
     with pytest.raises(ConfigError, match="unknown dense backend 'compiled'"):
         Engine(load_model(path), attention_backend="torch", dense_backend="compiled")
-    with pytest.raises(ConfigError, match="fp32 on a CPU"):
-        Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend="fused")
+    for dense in ("fused", "cpp"):
+        with pytest.raises(ConfigError, match=f"the {dense} dense path runs fp32 on a CPU"):
+            Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend=dense)
     # two engines on one model each keep their own path
     from aspire_bench.engine.dense import FusedDense
     model = load_model(path)
@@ -243,3 +245,24 @@ def test_dense_backend_choice(checkpoints, monkeypatch):
         eng.reserve(64)
         eng.forward([Row(eng.alloc(16), [1, 2, 3], 0)])
         assert len(calls) == n_calls
+
+
+def test_dense_auto_without_a_compiler_falls_back_with_one_warning(checkpoints, monkeypatch):
+    """No C++ compiler: auto runs the fused path after one warning; asking for cpp is a one-line error."""
+    from aspire_bench.engine import model as model_module
+    from aspire_bench.kernels import cpu_attention, cpu_dense
+    path, _ = checkpoints["qwen3"]
+    monkeypatch.setattr(cpu_dense, "_lib", None)
+    monkeypatch.setattr(model_module, "_warned_fallback", False)
+    monkeypatch.delenv("ASPIRE_BENCH_DENSE", raising=False)
+
+    def no_compiler():
+        raise cpu_attention.KernelBuildError("no compiler")
+    monkeypatch.setattr(cpu_dense, "_compiler", no_compiler)
+    with pytest.warns(UserWarning, match="(?s)needs a C\\+\\+ compiler.*falling back to the fused"):
+        assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process, not once per model
+        assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"
+    with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler.*use dense backend fused"):
+        Engine(load_model(path), attention_backend="torch", dense_backend="cpp")

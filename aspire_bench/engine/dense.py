@@ -1,4 +1,8 @@
-"""The fused dense path: a layer's norms, RoPE, projections and MLP in ~20 torch calls instead of ~50.
+"""The CPU dense paths: a layer's norms, RoPE, projections and MLP in fewer calls than model.py's eager ~50.
+
+`CompiledDense` (dense backend `cpp`, the default for fp32 on a CPU; at the end of this file) runs
+them as one compiled C++ call per layer. `FusedDense` (backend `fused`, the fallback without a C++
+compiler) needs no compiler: ~20 torch calls per layer, as follows.
 
 On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so this
 path removes calls (same maths, fp32 rounding order aside):
@@ -12,7 +16,7 @@ path removes calls (same maths, fp32 rounding order aside):
   MKL's sgemm), the residual add fused as a post-op. Where this torch build has
   no oneDNN, plain `F.linear` (one warning).
 
-It covers fp32 on a CPU (`auto` picks it there); other dtypes and devices run the eager reference
+Both cover fp32 on a CPU (`auto` picks `cpp`, else `fused`, there); other dtypes and devices run the eager reference
 in model.py, which computes norms in fp32 before rounding.
 """
 from __future__ import annotations
@@ -142,3 +146,80 @@ class _LazyTables:
 
     def __getitem__(self, li):
         return self.w[li] * self.cos, self.w_rolled[li] * self.sin
+
+
+class CompiledDense:
+    """The compiled dense path (kernels/csrc/cpu_dense.cpp): one C++ call per layer for everything
+    between two attention calls, one for the final norm and LM head; fp32 on a CPU.
+
+    Per-call overhead, not arithmetic, dominates the fused path on a small model (~20 torch calls per
+    layer): here a forward is 17 ctypes calls plus the attention backend's 16. The weights are packed
+    once into the kernel's panels (a copy: the model's tensors stay as they are)."""
+
+    _POINTERS = ("attn_norm", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "bo", "mlp_norm", "w_gate_up",
+                 "b_gate_up", "w_down", "b_down")
+
+    def __init__(self, model):
+        from ..kernels import cpu_dense
+
+        lib = cpu_dense.load_library()
+        self._layer, self._head = lib.aspire_dense_layer, lib.aspire_dense_head
+        cfg = self.cfg = model.cfg
+        self._keep = []  # every tensor whose address the kernel holds
+
+        def addr(t: torch.Tensor | None) -> int:
+            if t is None:
+                return 0
+            t = t.detach().to(torch.float32).contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        self._ptrs = []
+        for w in model.layers:
+            gate_up, b_gate_up = cpu_dense.pack_gate_up(w.w_gate_up, w.b_gate_up)
+            packed = {"wqkv": cpu_dense.pack(w.wqkv), "bqkv": cpu_dense.pad_bias(w.bqkv),
+                      "wo": cpu_dense.pack(w.wo), "bo": cpu_dense.pad_bias(w.bo),
+                      "w_gate_up": gate_up, "b_gate_up": b_gate_up,
+                      "w_down": cpu_dense.pack(w.w_down), "b_down": cpu_dense.pad_bias(w.b_down)}
+            ptrs = torch.tensor([addr(packed[n] if n in packed else getattr(w, n)) for n in self._POINTERS],
+                                dtype=torch.int64)
+            self._ptrs.append(ptrs)
+        self._ptr_addr = [p.data_ptr() for p in self._ptrs]
+        self._norm = addr(model.norm)
+        self._lm_head = addr(cpu_dense.pack(model.lm_head))
+        self.vocab = model.lm_head.shape[0]
+        self._shape = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.layers[0].w_down.shape[1]]
+        self._dims = torch.tensor([*self._shape, 0], dtype=torch.int64)  # the head's call reads dims[0] only
+        self.eps = float(cfg.rms_norm_eps)
+
+    def forward(self, model, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows):
+        cfg = self.cfg
+        T = tokens.shape[0]
+        L, hq, d = len(self._ptrs), cfg.num_heads, cfg.head_dim
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or dest.dtype != torch.int64:
+            raise ValueError("the compiled dense path needs contiguous K/V pools and int64 destinations")
+        # per forward, with this pool's capacity: engines sharing the model may have pools of other sizes
+        dims_t = torch.tensor([*self._shape, k_cache.shape[2]], dtype=torch.int64)
+        dims, eps, threads = dims_t.data_ptr(), self.eps, torch.get_num_threads()
+        x = model.embed[tokens].contiguous()
+        q = torch.empty(T, hq, d)
+        cos, sin, dest = cos.contiguous(), sin.contiguous(), dest.contiguous()
+        xp, qp, kp, vp = x.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+        dp, cp, sp = dest.data_ptr(), cos.data_ptr(), sin.data_ptr()
+        if self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
+            raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
+        captures: dict[int, dict[int, torch.Tensor]] = {}
+        for li in range(L):
+            attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
+            for row, scores in caps.items():
+                captures.setdefault(row, {})[li] = scores
+            attn = attn.contiguous()
+            nxt = self._ptr_addr[li + 1] if li + 1 < L else None  # q is free again: the next layer's goes there
+            self._layer(self._ptr_addr[li], nxt, li + 1, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp, sp,
+                        T, threads)
+        rows = logit_rows.to(torch.int64).contiguous()
+        logits = torch.empty(rows.shape[0], self.vocab)
+        if rows.shape[0]:
+            self._head(self._norm, self._lm_head, dims, eps, xp, rows.data_ptr(), rows.shape[0], self.vocab,
+                       logits.data_ptr(), threads)
+        return logits, captures

@@ -24,7 +24,7 @@ class Engine:
         self.device = model.device
         self.dtype = model.dtype
         self.backend = get_backend(attention_backend, self.device.type)
-        # auto | fused | eager (model.Transformer.prepare_dense); $ASPIRE_BENCH_DENSE when not given
+        # auto | cpp | fused | eager (model.Transformer.prepare_dense); $ASPIRE_BENCH_DENSE when not given
         self.dense_backend = model.prepare_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk

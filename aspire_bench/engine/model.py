@@ -5,6 +5,7 @@ The forward takes flattened tokens of a mixed batch; attention is delegated to a
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -12,10 +13,18 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..kernels.base import AttentionBackend, AttentionMeta
+from ..kernels.cpu_attention import KernelBuildError
 from .config import ModelConfig, dynamic_ntk_inv_freq, rope_attention_factor, rope_inv_freq
-from .dense import FusedDense
+from .dense import CompiledDense, FusedDense
 
-DENSE_BACKENDS = ("auto", "fused", "eager")
+DENSE_BACKENDS = ("auto", "cpp", "fused", "eager")
+_warned_fallback = False
+
+
+def _warn_fallback(e: Exception) -> None:
+    global _warned_fallback
+    _warned_fallback = True
+    warnings.warn(f"{e}\nfalling back to the fused torch dense path (slower on CPU)", stacklevel=4)
 
 
 @dataclass
@@ -63,17 +72,34 @@ class Transformer:
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
         self._cos = self._sin = torch.empty(0, cfg.head_dim, device=self.device)
         self._fused: FusedDense | None = None  # built on first use, shared by the engines on this model
+        self._compiled: CompiledDense | bool | None = None  # likewise; False: it could not be built
 
     def prepare_dense(self, backend: str) -> str:
-        """How a layer's dense part runs: `fused` (dense.py: folded norms, RoPE tables, prepacked
-        oneDNN projections; fp32 on a CPU), `eager` (the reference below), or `auto` (fused where it
-        applies). Returns the one chosen, for `forward(dense=...)`."""
+        """How a layer's dense part runs: `cpp` (dense.py's CompiledDense: one compiled C++ call per
+        layer; fp32 on a CPU, needs a C++ compiler), `fused` (dense.py: folded norms, RoPE tables,
+        prepacked oneDNN projections; fp32 on a CPU), `eager` (the reference below), or `auto` (cpp
+        where it applies; fused, with one warning, when it cannot be built). Returns the one chosen,
+        for `forward(dense=...)`."""
         if backend not in DENSE_BACKENDS:
             raise ConfigError(f"unknown dense backend {backend!r}: choose one of {', '.join(DENSE_BACKENDS)}")
         fits = self.dtype == torch.float32 and self.device.type == "cpu"
-        if backend == "fused" and not fits:
-            raise ConfigError(f"the fused dense path runs fp32 on a CPU, not {str(self.dtype).replace('torch.', '')} "
-                              f"on {self.device.type}: use dense backend eager or auto")
+        if backend in ("fused", "cpp") and not fits:
+            raise ConfigError(f"the {backend} dense path runs fp32 on a CPU, not "
+                              f"{str(self.dtype).replace('torch.', '')} on {self.device.type}: use dense backend "
+                              f"eager or auto")
+        if backend in ("cpp", "auto") and fits:
+            if self._compiled is None:
+                try:
+                    self._compiled = CompiledDense(self)
+                except KernelBuildError as e:
+                    if backend == "cpp":
+                        raise
+                    if not _warned_fallback:
+                        _warn_fallback(e)
+                    self._compiled = False
+            if self._compiled:
+                return "cpp"
+            backend = "fused"
         chosen = "fused" if backend == "fused" or (backend == "auto" and fits) else "eager"
         if chosen == "fused" and self._fused is None:
             self._fused = FusedDense(self)
@@ -107,6 +133,8 @@ class Transformer:
         T = tokens.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self._rope_tables(positions)
+        if dense == "cpp":
+            return self._compiled.forward(self, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows)
         if dense == "fused":
             return self._fused.forward(self, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows)
         x = self.embed[tokens]

@@ -135,22 +135,24 @@ def _private_cache() -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="aspire-bench-kernels-")), True  # 0700 and ours
 
 
-def _build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
+def _build(cxx: str, kernels: Path | None = None, force: bool = False, src: Path = SOURCE,
+           extra_flags: tuple[str, ...] = ()) -> Path:
     """The path of a trusted, verified library for this source, compiler and CPU: the cached one, else a
-    fresh build (library renamed into place, then its content hash recorded in a sidecar, both atomic)."""
+    fresh build (library renamed into place, then its content hash recorded in a sidecar, both atomic).
+    `src`/`extra_flags`: another kernel source of this package (csrc/cpu_dense.cpp) built the same way."""
     kernels = kernels or _private_cache()[0]
-    source = SOURCE.read_bytes()
+    source = src.read_bytes()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     errors = []
     for flags in _FLAG_SETS:
-        cmd_flags = [*flags, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+        cmd_flags = [*flags, *extra_flags, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
         key = hashlib.sha256(source + repr((cmd_flags, version, _machine_key())).encode()).hexdigest()[:16]
-        out = kernels / f"cpu_attention_{key}.so"
+        out = kernels / f"{src.stem}_{key}.so"
         if not force and _verified(out):
             return out
         with tempfile.TemporaryDirectory(dir=kernels) as tmp:
             tmp_so = Path(tmp) / out.name
-            res = subprocess.run([cxx, *cmd_flags, str(SOURCE), "-o", str(tmp_so)], capture_output=True,
+            res = subprocess.run([cxx, *cmd_flags, str(src), "-o", str(tmp_so)], capture_output=True,
                                  text=True, check=False)
             if res.returncode == 0:
                 os.chmod(tmp_so, 0o755)
@@ -159,8 +161,9 @@ def _build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
                 _write_atomic(out.with_name(out.name + ".sha256"), digest + "\n")
                 return out
             errors.append(res.stderr.strip()[-2000:])
-    raise KernelBuildError(f"could not compile the CPU attention kernel with {cxx} (GCC >= 12 or Clang "
-                           f"needed):\n{errors[-1]}\nuse --attention-backend torch")
+    what = "the CPU attention kernel" if src == SOURCE else f"the CPU kernel {src.name}"
+    raise KernelBuildError(f"could not compile {what} with {cxx} (GCC >= 12 or Clang needed):\n{errors[-1]}"
+                           + ("\nuse --attention-backend torch" if src == SOURCE else ""))
 
 
 def _open(path: Path) -> ctypes.CDLL:

@@ -1,0 +1,91 @@
+"""Compiled dense layers for the CPU: csrc/cpu_dense.cpp built and loaded like the attention kernel.
+
+One C++ call runs all of a layer's work between two attention calls (MLP of one layer, norms, QKV,
+q/k norm, RoPE and KV write of the next), so a forward is 17 calls instead of ~350 torch ops; see the
+source's header for the maths and layouts. This module builds the library (system compiler, the
+attention kernel's private cache with its sha256 sidecar) and packs weights into the kernel's panel
+layout; engine/dense.py drives it.
+"""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+from .cpu_attention import KernelBuildError, _build, _compiler, _private_cache
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_dense.cpp"
+# The micro-kernel's multiply-adds must fuse (FMA): -std=c++17 alone may keep them apart.
+_EXTRA_FLAGS = ("-ffp-contract=fast",)
+PANEL = 32  # output columns per packed panel (csrc/cpu_dense.cpp: NR)
+HALF = PANEL // 2
+_lib = None
+_lock = threading.Lock()
+
+
+def load_library() -> ctypes.CDLL:
+    """Build (once per machine and source version) and load the library; KernelBuildError when there
+    is no compiler or the build fails."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                cxx = _compiler()
+            except KernelBuildError:
+                raise KernelBuildError("the compiled dense path needs a C++ compiler and none was found: "
+                                       "install g++ (or set $CXX), or use dense backend fused") from None
+            kernels, one_run = _private_cache()
+            try:
+                lib = ctypes.CDLL(str(_build(cxx, kernels, src=SOURCE, extra_flags=_EXTRA_FLAGS)))
+                p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+                lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
+                lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
+                lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = ctypes.c_int
+                _lib = lib
+            except (OSError, AttributeError) as e:
+                raise KernelBuildError(f"the compiled dense path could not be built and loaded ({e}): "
+                                       "use dense backend fused") from e
+            finally:
+                if one_run:  # the loaded library stays mapped after its file is gone
+                    shutil.rmtree(kernels, ignore_errors=True)
+    return _lib
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] weight -> [ceil(N / 32), K, 32]: panels of 32 output columns, k-major, zero-padded."""
+    n, k = w.shape
+    n_pad = -(-n // PANEL) * PANEL
+    wp = torch.zeros(n_pad, k, dtype=torch.float32)
+    wp[:n] = w
+    return wp.view(n_pad // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def pad_bias(b: torch.Tensor | None) -> torch.Tensor | None:
+    """A bias padded like its weight's panels."""
+    if b is None:
+        return None
+    out = torch.zeros(-(-b.numel() // PANEL) * PANEL, dtype=torch.float32)
+    out[:b.numel()] = b
+    return out
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Rows (or entries) of gate and up, each padded to whole halves, as [gate 0:16, up 0:16, gate 16:32, ...]."""
+    n = gate.shape[0]
+    n_pad = -(-n // HALF) * HALF
+    g = torch.zeros(n_pad, *gate.shape[1:], dtype=torch.float32)
+    u = torch.zeros_like(g)
+    g[:n], u[:n] = gate, up
+    return torch.cat((g.view(n_pad // HALF, HALF, -1), u.view(n_pad // HALF, HALF, -1)), 1).reshape(2 * n_pad, -1)
+
+
+def pack_gate_up(w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused [2I, K] gate/up weight (gate rows first) packed so that each panel holds 16 gate columns
+    and the same 16 up columns: the kernel applies silu(gate) * up in the GEMM's epilogue."""
+    inter = w.shape[0] // 2
+    packed = pack(_interleave(w[:inter], w[inter:]))
+    bias = None if b is None else _interleave(b[:inter, None], b[inter:, None]).flatten().contiguous()
+    return packed, bias

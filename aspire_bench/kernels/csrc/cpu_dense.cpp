@@ -1,0 +1,233 @@
+// The dense part of a transformer layer for the CPU, one call per layer (fp32).
+//
+// Why: with a small model a forward on a CPU is dominated by the per-call cost of ~20 torch ops per
+// layer, not by its arithmetic (the bundled model: 60 MFLOP and 15 MB of weights for 8 tokens). Here
+// one call runs everything between two attention calls:
+//   post (layer l):  x += attn Wo^T + bo;  x += down(silu(gate(h)) * up(h)), h = rms_norm(x) * mlp_norm
+//   pre (layer l+1): h = rms_norm(x) * attn_norm;  qkv = h Wqkv^T + bqkv;  q/k: rms_norm * q_norm/k_norm
+//                    (Qwen3), RoPE; q out, k and v written to the pool at each token's position
+// in one OpenMP region whose phases are separated by barriers, and aspire_dense_head the final norm
+// and LM head of the rows that need logits.
+//
+// GEMMs: weights are prepacked (by the Python side) into panels of 32 output columns stored k-major,
+// P[panel][k][32], zero-padded; gate and up share a panel (16 columns each) so the MLP's activation is
+// the GEMM's epilogue. The micro-kernel keeps MR <= 8 tokens x 32 columns in 16 accumulators and
+// sums over k in order with FMAs, so a token's result does not depend on how many tokens share the
+// call (batch-invariant). Work items are (panel, block of 8 tokens), split statically over threads.
+//
+// Layouts (fp32, contiguous): x [T, hidden] (updated in place); attn [T, Hq*D]; q out [T, Hq, D];
+// k, v pools [layers, Hkv, cap, D]; dest [T] int64 pool positions; cos, sin [T, D] (HF convention:
+// rotate_half = cat(-x2, x1)). Per layer, 12 pointers (0 = absent), in this order:
+// attn_norm, Wqkv (packed), bqkv, q_norm, k_norm, Wo (packed), bo, mlp_norm, Wgate_up (packed,
+// interleaved), bgate_up (interleaved likewise, padded), Wdown (packed), bdown.
+// dims: hidden, Hq, Hkv, D, intermediate, cap (pool positions per layer and head).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int VL = 16;
+constexpr int NR = 32;  // output columns per panel: two vectors
+constexpr int MR = 8;   // tokens per micro-kernel call
+typedef float vf __attribute__((vector_size(64)));
+
+inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
+inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+typedef int32_t vi __attribute__((vector_size(64)));
+
+// 2^x, x clamped to [-126, 126] (exactly 0 below -126). Relative error ~2e-7.
+inline vf exp2v(vf x) {
+  const vi dead = x < -126.f;
+  x = x < -126.f ? splat(-126.f) : x;
+  x = x > 126.f ? splat(126.f) : x;
+  const vi t = __builtin_convertvector(x, vi);  // truncates toward zero
+  const vi n = t - (__builtin_convertvector(t, vf) > x ? 1 : 0);  // floor
+  const vf f = x - __builtin_convertvector(n, vf);  // [0, 1)
+  vf p = splat(2.1690609173e-04f);
+  p = p * f + 1.2443081508e-03f;
+  p = p * f + 9.6784725545e-03f;
+  p = p * f + 5.5483524724e-02f;
+  p = p * f + 2.4022979581e-01f;
+  p = p * f + 6.9314698706e-01f;
+  p = p * f + 1.0000000018e+00f;
+  const vi bits = (n + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return dead ? splat(0.f) : p * scale;
+}
+
+// silu(g) * u = g / (1 + e^-g) * u.
+inline vf swiglu(vf g, vf u) { return g / (1.f + exp2v(g * -1.4426950408889634f)) * u; }
+
+// acc[m][0..1] = x[m, :K] . P[:, 0..31] for m < M (M <= MR), k in order.
+template <int M>
+inline void micro(const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[2]) {
+  vf a[M][2];
+  for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = splat(0.f);
+  for (int64_t k = 0; k < K; ++k) {
+    const vf b0 = load(P + k * NR), b1 = load(P + k * NR + VL);
+    for (int m = 0; m < M; ++m) {
+      const vf s = splat(x[m * ldx + k]);
+      a[m][0] += s * b0;
+      a[m][1] += s * b1;
+    }
+  }
+  for (int m = 0; m < M; ++m) acc[m][0] = a[m][0], acc[m][1] = a[m][1];
+}
+
+inline void micro_any(int M, const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[2]) {
+  switch (M) {
+    case 8: micro<8>(x, ldx, P, K, acc); break;
+    case 7: micro<7>(x, ldx, P, K, acc); break;
+    case 6: micro<6>(x, ldx, P, K, acc); break;
+    case 5: micro<5>(x, ldx, P, K, acc); break;
+    case 4: micro<4>(x, ldx, P, K, acc); break;
+    case 3: micro<3>(x, ldx, P, K, acc); break;
+    case 2: micro<2>(x, ldx, P, K, acc); break;
+    default: micro<1>(x, ldx, P, K, acc); break;
+  }
+}
+
+enum Epilogue { STORE, ADD, SWIGLU };
+
+// y[T, N] (row stride ldy) op= x[T, K] W^T + b. SWIGLU: panel p holds gate columns 16p.. in its
+// first half and up columns in its second; y[:, 16p + j] = silu(gate + bg) * (up + bu), b interleaved
+// like the panels. Runs inside a parallel region (an `omp for` with its closing barrier).
+void gemm(const float* x, int64_t T, int64_t K, const float* P, const float* b, int64_t N, float* y,
+          int64_t ldy, Epilogue ep) {
+  const int64_t width = ep == SWIGLU ? VL : NR;  // output columns per panel
+  const int64_t np = (N + width - 1) / width, nb = (T + MR - 1) / MR;
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < np * nb; ++item) {
+    const int64_t p = item / nb, t0 = (item % nb) * MR;
+    const int M = static_cast<int>(T - t0 < MR ? T - t0 : MR);
+    vf acc[MR][2];
+    micro_any(M, x + t0 * K, K, P + p * K * NR, K, acc);
+    const int64_t c0 = p * width, cols = N - c0 < width ? N - c0 : width;
+    if (b) {
+      const vf b0 = load(b + p * NR), b1 = load(b + p * NR + VL);
+      for (int m = 0; m < M; ++m) acc[m][0] += b0, acc[m][1] += b1;
+    }
+    for (int m = 0; m < M; ++m) {
+      float* yr = y + (t0 + m) * ldy + c0;
+      alignas(64) float out[NR];
+      if (ep == SWIGLU) {
+        store(out, swiglu(acc[m][0], acc[m][1]));
+      } else {
+        store(out, acc[m][0]);
+        store(out + VL, acc[m][1]);
+      }
+      if (ep == ADD)
+        for (int64_t j = 0; j < cols; ++j) yr[j] += out[j];
+      else
+        std::memcpy(yr, out, cols * sizeof(float));
+    }
+  }
+}
+
+inline float inv_rms(const float* x, int64_t n, float eps) {
+  vf acc = splat(0.f);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) {
+    const vf v = load(x + i);
+    acc += v * v;
+  }
+  float s = 0.f;
+  for (int j = 0; j < VL; ++j) s += acc[j];
+  for (; i < n; ++i) s += x[i] * x[i];
+  return 1.f / std::sqrt(s / static_cast<float>(n) + eps);
+}
+
+// h[t] = rms_norm(x[t]) * w for this thread's share of the T tokens (then a barrier).
+void norm_rows(const float* x, const float* w, int64_t T, int64_t n, float eps, float* h) {
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float r = inv_rms(x + t * n, n, eps);
+    for (int64_t i = 0; i < n; ++i) h[t * n + i] = x[t * n + i] * r * w[i];
+  }
+}
+
+struct Dims {
+  int64_t hidden, hq, hkv, d, inter, cap;
+};
+
+// One head of one token: optional rms_norm * w, then RoPE, into out.
+inline void norm_rope(const float* in, const float* w, const float* cs, const float* sn, int64_t d, float eps,
+                      float* tmp, float* out) {
+  if (w) {
+    const float r = inv_rms(in, d, eps);
+    for (int64_t i = 0; i < d; ++i) tmp[i] = in[i] * r * w[i];
+  } else {
+    std::memcpy(tmp, in, d * sizeof(float));
+  }
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = tmp[i] * cs[i] - tmp[i + half] * sn[i];
+  for (int64_t i = half; i < d; ++i) out[i] = tmp[i] * cs[i] + tmp[i - half] * sn[i];
+}
+
+}  // namespace
+
+extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, const int64_t* dims,
+                                  float eps, float* x, const float* attn, float* q, float* kpool, float* vpool,
+                                  const int64_t* dest, const float* cos, const float* sin, int64_t T,
+                                  int num_threads) {
+  const Dims dm{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
+  if (dm.d % 2) return 1;
+  const int64_t H = dm.hq + 2 * dm.hkv, nqkv = H * dm.d, inter_p = (dm.inter + VL - 1) / VL * VL;
+  std::vector<float> h(T * (dm.hidden > inter_p ? dm.hidden : inter_p));
+  std::vector<float> big(T * (nqkv > inter_p ? nqkv : inter_p));
+  auto ptr = [](const int64_t* l, int i) { return reinterpret_cast<const float*>(l[i]); };
+#pragma omp parallel num_threads(num_threads)
+  {
+    if (post) {
+      gemm(attn, T, dm.hq * dm.d, ptr(post, 5), ptr(post, 6), dm.hidden, x, dm.hidden, ADD);
+      norm_rows(x, ptr(post, 7), T, dm.hidden, eps, h.data());
+      gemm(h.data(), T, dm.hidden, ptr(post, 8), ptr(post, 9), dm.inter, big.data(), dm.inter, SWIGLU);
+      gemm(big.data(), T, dm.inter, ptr(post, 10), ptr(post, 11), dm.hidden, x, dm.hidden, ADD);
+    }
+    if (pre) {
+      norm_rows(x, ptr(pre, 0), T, dm.hidden, eps, h.data());
+      gemm(h.data(), T, dm.hidden, ptr(pre, 1), ptr(pre, 2), nqkv, big.data(), nqkv, STORE);
+      const float *qn = ptr(pre, 3), *kn = ptr(pre, 4);
+      const int64_t layer_off = pre_layer * dm.hkv * dm.cap * dm.d;
+      std::vector<float> tmp(dm.d);
+#pragma omp for schedule(static)
+      for (int64_t th = 0; th < T * (dm.hq + dm.hkv); ++th) {
+        const int64_t t = th / (dm.hq + dm.hkv), hd = th % (dm.hq + dm.hkv);
+        const float* in = big.data() + t * nqkv + hd * dm.d;
+        const float *cs = cos + t * dm.d, *sn = sin + t * dm.d;
+        if (hd < dm.hq) {
+          norm_rope(in, qn, cs, sn, dm.d, eps, tmp.data(), q + (t * dm.hq + hd) * dm.d);
+        } else {
+          const int64_t kh = hd - dm.hq, at = layer_off + (kh * dm.cap + dest[t]) * dm.d;
+          norm_rope(in, kn, cs, sn, dm.d, eps, tmp.data(), kpool + at);
+          std::memcpy(vpool + at, in + dm.hkv * dm.d, dm.d * sizeof(float));
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// logits[r] = rms_norm(x[rows[r]]) * norm_w . head^T for r < R (head packed like a projection).
+extern "C" int aspire_dense_head(const float* norm_w, const float* head, const int64_t* dims, float eps,
+                                 const float* x, const int64_t* rows, int64_t R, int64_t vocab, float* logits,
+                                 int num_threads) {
+  const int64_t n = dims[0];
+  std::vector<float> h(R * n);
+#pragma omp parallel num_threads(num_threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* xr = x + rows[r] * n;
+      const float s = inv_rms(xr, n, eps);
+      for (int64_t i = 0; i < n; ++i) h[r * n + i] = xr[i] * s * norm_w[i];
+    }
+    gemm(h.data(), R, n, head, nullptr, vocab, logits, vocab, STORE);
+  }
+  return 0;
+}
