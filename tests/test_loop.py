@@ -14,8 +14,8 @@ from aspire_bench.decoders.sequence import Sequence
 from aspire_bench.engine import Engine, PageView, Row, TokenView
 from aspire_bench.engine.loading import load_model
 
-SPARSE = {"magicdec": dict(budget=64, sinks=4), "vegas": dict(min_tokens=32),
-          "aspire": dict(min_pages=2, recent_pages=1, calibration="none")}
+SPARSE = {"magicdec": {"budget": 64, "sinks": 4}, "vegas": {"min_tokens": 32},
+          "aspire": {"min_pages": 2, "recent_pages": 1, "calibration": "none"}}
 
 
 def requests(n=3, seed=0):

@@ -7,8 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from aspire_bench.cli import main
-from aspire_bench.decoders import Request, SamplingParams, get_decoder
-from aspire_bench.decoders import loop
+from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop
 from aspire_bench.engine import Engine, Row, load_model
 from aspire_bench.errors import ConfigError
 from aspire_bench.harness.parity import (

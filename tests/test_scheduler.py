@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
-from aspire_bench.decoders.calibration import calibration_path
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
-from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.decoders.calibration import calibration_path
 from aspire_bench.decoders.scheduler import (
     MIN_R2,
     CostModel,
@@ -20,6 +19,7 @@ from aspire_bench.decoders.scheduler import (
     fit_problem,
     update_alpha,
 )
+from aspire_bench.decoders.sequence import Sequence
 from aspire_bench.engine import Engine, load_model
 
 SPARSE = dict(min_pages=2, recent_pages=1)

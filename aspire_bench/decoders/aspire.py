@@ -17,8 +17,15 @@ from ..errors import ConfigError
 from .base import DRAFT, VERIFY
 from .calibration import run_cost_model
 from .loop import Decoder, Plan, Policy
-from .scheduler import DEFAULT_COST, CostModel, RequestSchedule, best_gamma, fit_cost_model, fit_problem, \
-    update_alpha
+from .scheduler import (
+    DEFAULT_COST,
+    CostModel,
+    RequestSchedule,
+    best_gamma,
+    fit_cost_model,
+    fit_problem,
+    update_alpha,
+)
 from .selection import page_budget, select_pages
 
 POLICIES = ("adaptive", "fixed", "fsm", "oracle")

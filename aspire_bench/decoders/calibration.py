@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 import random
 import statistics
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 

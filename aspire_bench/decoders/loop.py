@@ -36,8 +36,18 @@ from ..engine import Capture, Engine, Row
 from ..engine.batch import View
 from ..errors import ConfigError
 from . import speculative
-from .base import DECODE, DRAFT, PREFILL, VERIFY, GenerationOutput, Request, RequestResult, RowTrace, \
-    SamplingParams, StepTrace
+from .base import (
+    DECODE,
+    DRAFT,
+    PREFILL,
+    VERIFY,
+    GenerationOutput,
+    Request,
+    RequestResult,
+    RowTrace,
+    SamplingParams,
+    StepTrace,
+)
 from .common import logits_to_probs, sample_from
 from .sequence import Sequence
 
