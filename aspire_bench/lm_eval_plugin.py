@@ -95,7 +95,8 @@ class AspireLM(TemplateLM):
         self.pretrained = str(pretrained)
         self.decoder_name = str(decoder)
         self.decoder_args = {**(decoder_args or {}), **decoder_settings(settings)}
-        dec = get_decoder(self.decoder_name, **self.decoder_args)  # fail fast on a bad decoder or setting
+        # built once (fails fast on a bad decoder or setting); decoders keep no state between runs
+        self.decoder = dec = get_decoder(self.decoder_name, **self.decoder_args)
         ignored = ignored_settings(dec, self.decoder_args)
         if ignored:
             raise ConfigError(f"decoder {self.decoder_name!r} ignores {', '.join(ignored)} with these settings "
@@ -384,7 +385,7 @@ class AspireLM(TemplateLM):
 
     def _generate_group(self, requests, disable_tqdm: bool) -> list[str]:
         stops, max_new, params = self.sampling_settings(requests[0].args[1])
-        dec = get_decoder(self.decoder_name, **self.decoder_args)  # fresh per call: decoders keep per-run state
+        dec = self.decoder
         # Prompts keep their last tokens so that prompt + new tokens (+ the decoder's pending drafts)
         # fit both max_length and the model's context.
         budget = min(self.max_length, self.engine.max_context) - max_new

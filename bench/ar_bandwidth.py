@@ -11,8 +11,8 @@ What it does, per (context C, batch B) cell:
   values, so this times exactly what a decode step after a real prefill does, without paying a
   32k-token prefill per row. `--kv-fill prefill` instead prefills one slot through
   `engine.forward` in chunks (as the decoders do) and copies its KV into the other slots.
-* Decode: `ARDecoder.step` itself (one `engine.forward` with one 1-token row per request, full
-  attention, greedy sampling, commit), `--steps` timed steps after `--warmup` untimed ones; after
+* Decode: the AR policy's step through the decoder loop itself, `loop.run_step` (one `engine.forward`
+  with one 1-token row per request, full attention, greedy sampling, commit), `--steps` timed steps after `--warmup` untimed ones; after
   each repeat the slots are rolled back to C so every repeat attends over the same context.
 * Each repeat runs three variants back to back (interleaved, so load from other processes hits
   them alike):
@@ -58,9 +58,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as torch_F
 
-from aspire_bench.decoders.ar import ARDecoder
+from aspire_bench.decoders.ar import ARPolicy
 from aspire_bench.decoders.base import Request, SamplingParams
-from aspire_bench.decoders.common import ReqState
+from aspire_bench.decoders.loop import run_step
+from aspire_bench.decoders.sequence import Sequence
 from aspire_bench.engine import Engine, Row
 from aspire_bench.engine import model as model_module
 from aspire_bench.harness.records import cpu_model
@@ -194,13 +195,13 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
     engine.reserve(batch * per_slot)
     slots = [engine.alloc(per_slot) for _ in range(batch)]
     fill_kv(engine, slots, context, kv_fill, engine.prefill_chunk, seed)
-    dec = ARDecoder()
+    policy = ARPolicy(None, engine.page_size, engine.cfg.num_layers)
     params = SamplingParams()  # greedy, as the benches run AR
     states = []
     for i, s in enumerate(slots):
         req = Request(id=f"r{i}", prompt_ids=[1] * context, max_new_tokens=1 << 30)
         # context_len = C + 1, so the step's row starts at position C: it attends to C + 1 positions
-        states.append(ReqState(index=i, req=req, slot=s, gen=None, out=[1 + i]))
+        states.append(Sequence(index=i, req=req, slot=s, gen=None, out=[1 + i]))
     clock = time.perf_counter
 
     def reset():
@@ -212,7 +213,7 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
         ts = []
         for _ in range(n):
             t0 = clock()
-            dec.step(engine, states, params, clock)
+            run_step(engine, policy, states, params, clock)
             ts.append(clock() - t0)
         return ts
 
@@ -236,7 +237,7 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
             for _ in range(steps):
                 timers.reset()
                 t0 = clock()
-                dec.step(engine, states, params, clock)
+                run_step(engine, policy, states, params, clock)
                 per_step.append(clock() - t0)
                 per_attn.append(timers.attn)
                 per_lin.append(timers.linear)

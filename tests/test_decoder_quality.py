@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aspire_bench import corpus
-from aspire_bench.decoders import Request, SamplingParams, get_decoder, speculative
+from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop, speculative
 from aspire_bench.engine import Engine
 from aspire_bench.harness.metrics import draft_acceptance_rate
 
@@ -126,13 +126,13 @@ def forced_drafts(monkeypatch):
     top probability). Same support as p, far from its shape, so rejection, the residual and the bonus
     all matter. Any proposal is legitimate for rejection sampling as long as its q is the one verified,
     which take_draft records."""
-    take = speculative.SpeculativeDecoder.take_draft
+    take = loop.take_draft
 
-    def reversed_take(self, st, logits, params):
+    def reversed_take(st, logits, params):
         vals, idx = torch.topk(logits, params.top_k)
-        return take(self, st, logits.scatter(-1, idx, vals.flip(-1)), params)
+        return take(st, logits.scatter(-1, idx, vals.flip(-1)), params)
 
-    monkeypatch.setattr(speculative.SpeculativeDecoder, "take_draft", reversed_take)
+    monkeypatch.setattr(loop, "take_draft", reversed_take)
 
 
 def rank_counts(engine, reqs, out, params):

@@ -175,21 +175,20 @@ def test_scheduler_ema_update():
     assert update_alpha(0.5, 0, 0) == 0.5
 
 
-def test_aspire_forced_verify_and_warmup(random_engine):
-    from aspire_bench.decoders.common import ReqState
-    dec = get_decoder("aspire")
-    dec._cost = CostModel(0, 0, 1.0)
+def test_aspire_forced_verify_and_warmup():
+    from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
+    from aspire_bench.decoders.sequence import Sequence
+    policy = AspirePolicy(AspireSettings(), page_size=16, num_layers=4, cost=CostModel(0, 0, 1.0))
     reqs = make_requests()
-    st = ReqState(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1])
-    pend = dec.pending(st)
-    pend.extend([5, 5])  # warm-up: fewer than gamma_init drafts before the first verify -> draft
-    assert not dec.wants_verify(random_engine, st, 1)
-    pend.extend([5] * 14)  # d = d_max = 16 -> verify
-    assert dec.wants_verify(random_engine, st, 1)
-    st2 = ReqState(1, Request("y", reqs[0].prompt_ids, 3), None, None, out=[1])
-    assert dec.wants_verify(random_engine, st2, 1) is False
-    dec.pending(st2).extend([4])  # max_new 3: after 1 output, at most 1 draft
-    assert dec.wants_verify(random_engine, st2, 1)
+    st = Sequence(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
+    st.pending.extend([5, 5])  # warm-up: fewer than gamma_init drafts before the first verify -> draft
+    assert not policy.should_verify(st, 1)
+    st.pending.extend([5] * 14)  # d = d_max = 16 -> verify
+    assert policy.should_verify(st, 1)
+    st2 = Sequence(1, Request("y", reqs[0].prompt_ids, 3), None, None, out=[1], state=policy.new_state())
+    assert policy.should_verify(st2, 1) is False
+    st2.pending.append(4)  # max_new 3: after 1 output, at most 1 draft
+    assert policy.should_verify(st2, 1)
 
 
 def test_cost_model_fit_recovers_coefficients():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from aspire_bench.decoders import common
+from aspire_bench.decoders import loop
 from aspire_bench.engine import Engine
 from aspire_bench.harness import metrics
 from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench
@@ -24,7 +24,7 @@ PAPER = SAMPLINGS["paper"]
 def fake_clock(monkeypatch):
     """Decoders' clock reads a counter; each forward adds 1 ms + 0.1 ms per token + 1 us per KV position."""
     clock = SimpleNamespace(t=0.0)
-    monkeypatch.setattr(common, "time", SimpleNamespace(perf_counter=lambda: clock.t))
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock.t))
     forward = Engine.forward
 
     def timed_forward(self, rows):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
+from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
 from aspire_bench.decoders.calibration import calibration_path
-from aspire_bench.decoders.common import ReqState
 from aspire_bench.decoders.scheduler import (
     MIN_R2,
     CostModel,
@@ -19,6 +19,7 @@ from aspire_bench.decoders.scheduler import (
     fit_problem,
     update_alpha,
 )
+from aspire_bench.decoders.sequence import Sequence
 from aspire_bench.engine import Engine, load_model
 
 SPARSE = dict(min_pages=2, recent_pages=1)
@@ -45,14 +46,14 @@ def test_zero_draft_verification_relaxes_alpha_or_freezes_it():
 def test_relaxed_request_drafts_again_frozen_one_never_does():
     c = 0.5  # alpha below c gives gamma = 0
     for zero_draft, expect_draft in (("relax", True), ("freeze", False)):
-        dec = get_decoder("aspire", zero_draft=zero_draft)
-        st = ReqState(0, Request("x", [1] * 10, 1000), None, None, out=[1])
-        sch = dec._sched(st)
+        policy = AspirePolicy(AspireSettings(zero_draft=zero_draft), page_size=16, num_layers=4)
+        st = Sequence(0, Request("x", [1] * 10, 1000), None, None, out=[1], state=policy.new_state())
+        sch = st.state
         sch.alpha, sch.verified = 0.2, True
         assert best_gamma(sch.alpha, c, 16) == 0
         drafted = False
         for _ in range(20):  # twenty zero-draft verifications in a row
-            dec._after_verify(st, 0, 0)
+            policy.observe(st, 0, 0)
             drafted |= best_gamma(sch.alpha, c, 16) > 0
         assert drafted is expect_draft
 

@@ -12,12 +12,15 @@ import os
 import random
 import statistics
 import time
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
-from .scheduler import CostModel, fit_cost_model
+from ..errors import ConfigError
+from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem
 from .selection import page_budget
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
@@ -42,10 +45,11 @@ def calibration_path(engine: Engine, batch_size: int) -> Path:
     return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
 
 
-def _time_step(engine: Engine, rows: list[Row]) -> float:
+def _time_step(engine: Engine, rows: list[Row]) -> tuple[float, list[int]]:
+    """(seconds, each row's KV read as the engine reports it)."""
     t0 = time.perf_counter()
-    engine.forward(rows)
-    return time.perf_counter() - t0
+    out = engine.forward(rows)
+    return time.perf_counter() - t0, out.kv_read
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
@@ -77,25 +81,23 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
         n_pages = -(-length // engine.page_size)
         budget = page_budget(n_pages, ratio, 1)
         pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
-        rows, kv, qk = [], 0, 0
+        rows = []
         for j, slot in enumerate(slots):
             slot.length = length
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
-                kv += length + d + 1
-                qk += (d + 1) * (length + d + 1)
             else:
                 rows.append(Row(slot, [rng.randrange(100)], length, view=pages, full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
-                kv += min(length, budget * engine.page_size) + 1
-                qk += min(length, budget * engine.page_size) + 1
         walls = []
         for _ in range(repeats + 1):  # the first is a warm-up; the median resists machine noise
-            walls.append(_time_step(engine, rows))
+            wall, reads = _time_step(engine, rows)
+            walls.append(wall)
             for slot in slots:
                 engine.rollback(slot, length)
-        samples.append((sum(row.n for row in rows), kv, qk, statistics.median(walls[1:])))
+        qk = sum(row.n * read for row, read in zip(rows, reads))
+        samples.append((sum(row.n for row in rows), sum(reads), qk, statistics.median(walls[1:])))
         if progress:
             progress(i + 1, len(grid))
     for slot in slots:
@@ -133,3 +135,38 @@ def cost_model_from(calibration: dict, source: str, qk: bool = True) -> CostMode
         return fit_cost_model(samples, source=source, qk=qk)
     model = CostModel.from_dict(calibration, source)
     return model if qk else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
+
+
+def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int) -> CostModel:
+    """The cost model of a run, fixed for the whole run unless calibration=online.
+
+    none: the fixed default. auto: this machine's stored calibration for the same model, device,
+    dtype, backend, page size and batch size, measured once now (and stored) when there is none.
+    FILE: that calibration, replayed. online: the default, refitted from the run's own steps.
+    A fit that fails the quality check is rejected with a warning for the default.
+    """
+    if calibration == "none":  # reproducible by construction, as a regression gate needs
+        return replace(DEFAULT_COST, source="none")
+    if calibration == "online":
+        return DEFAULT_COST
+    if calibration == "auto":
+        path = calibration_path(engine, batch_size)
+        if not path.exists():
+            context = min(CALIBRATION_CONTEXT, engine.max_context - d_max - engine.page_size - 1)
+            save_calibration(calibrate(engine, batch_size, context, repeats=2), engine, batch_size, path)
+    else:
+        path = Path(calibration)
+        if not path.exists():
+            raise ConfigError(f"calibration file {path} does not exist: run `aspire-bench calibrate` "
+                              "or pass calibration=auto")
+    try:
+        model = cost_model_from(json.loads(path.read_text()), f"calibration:{path.name}", qk=cost_terms == "auto")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"calibration file {path} is not a calibration ({e}): "
+                          "run `aspire-bench calibrate` again or delete the file") from e
+    problem = fit_problem(model)
+    if problem:
+        warnings.warn(f"aspire: calibration {path} rejected ({problem}); using the default cost model. "
+                      "Re-run `aspire-bench calibrate` on an idle machine.", stacklevel=3)
+        return replace(DEFAULT_COST, source=f"default (rejected {path.name}: {problem})")
+    return model

@@ -1,4 +1,5 @@
-"""Decoder settings: the types come from each decoder's constructor, the ranges are declared here.
+"""Decoder settings: names, types and defaults come from each decoder's `Settings` dataclass (the one
+place a method writes them), the ranges are declared here.
 
 A setting is checked before the decoder is built, so `gamma=abc` or `ratio=-1` is refused with one
 line naming the setting, never silently changed or failing deep inside a run. Types are strict: a
@@ -6,6 +7,7 @@ string is never a number and `"false"` is never a boolean.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from functools import cache
@@ -27,7 +29,12 @@ RANGES: dict[str, dict] = {
 def _model(cls: type):
     from pydantic import ConfigDict, Field, create_model
     fields = {}
-    for klass in cls.__mro__:  # settings passed on through **rest reach a base class's constructor
+    if dataclasses.is_dataclass(getattr(cls, "Settings", None)):
+        hints = typing.get_type_hints(cls.Settings)
+        fields = {f.name: (hints[f.name], Field(f.default, **RANGES.get(f.name, {})))
+                  for f in dataclasses.fields(cls.Settings)}
+        return create_model(f"{cls.__name__}Settings", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+    for klass in cls.__mro__:  # a decoder without a Settings dataclass: its constructors' parameters
         init = klass.__dict__.get("__init__")
         if init is None or klass is object:
             continue

@@ -6,49 +6,60 @@ top-k tokens plus every token written since the verification. Fixed gamma, synch
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..engine import TOKEN_MEAN, Capture, TokenView
-from .magicdec import SyncSpeculativeDecoder
+from .loop import Decoder, Policy
 from .selection import select_tokens, token_budget
+from .sync import lockstep, record_gamma
 
 
-class VegasDecoder(SyncSpeculativeDecoder):
-    name = "vegas"
+@dataclass(frozen=True)
+class VegasSettings:
+    gamma: int = 6  # drafts per cycle
+    ratio: float = 0.05  # share of the KV tokens a draft reads per layer
+    min_tokens: int = 256  # ... but at least this many
 
-    def __init__(self, gamma: int = 6, ratio: float = 0.05, min_tokens: int = 256):
-        super().__init__(gamma=gamma)
-        self.ratio, self.min_tokens = ratio, min_tokens
+    def __post_init__(self):
+        if self.gamma < 0:
+            raise ValueError("gamma must be >= 0")
 
-    def settings(self):
-        return {"gamma": self.gamma, "ratio": self.ratio, "min_tokens": self.min_tokens}
 
-    def _capture(self, engine, queries):
-        return Capture(tuple(range(engine.cfg.num_layers)), queries, TOKEN_MEAN)
+class VegasPolicy(Policy):
+    """seq.state: (length, per-layer selection over [0, length)) of the last verification."""
+    cycle = 0
 
-    def prefill_capture(self, engine):
-        return self._capture(engine, (0,))  # the row holds only the last prompt token
+    def _capture(self, queries):
+        return Capture(tuple(range(self.num_layers)), queries, TOKEN_MEAN)
 
-    def verify_capture(self, engine):
-        return self._capture(engine, (0, -1))  # first and last verify query
+    def prefill_capture(self):
+        return self._capture((0,))  # the row holds only the last prompt token
 
-    def on_prefilled(self, engine, st, scores):
-        self._select(st, scores, st.context_len - 1)
+    def plan(self, seqs, batch):
+        plan, self.cycle = lockstep(seqs, self.settings.gamma, self.cycle, self.view,
+                                    self._capture((0, -1)))  # first and last verify query
+        return plan
 
-    def on_verified(self, engine, st, scores):
-        self._select(st, scores, st.context_len - 1)
-
-    def _select(self, st, scores, length):
+    def scores(self, seq, scores):
         """Per-layer selection over [0, length), the KV that stays valid after the rollback."""
-        k = token_budget(length, self.ratio, self.min_tokens)
-        layers = [select_tokens(scores[li], length, k) for li in sorted(scores)]
-        st.extra["_sel"] = (length, layers)
+        length = seq.context_len - 1
+        k = token_budget(length, self.settings.ratio, self.settings.min_tokens)
+        seq.state = (length, [select_tokens(scores[li], length, k) for li in sorted(scores)])
 
-    def view(self, st, prefix_len):
-        length, layers = st.extra["_sel"]
+    def view(self, seq, prefix_len):
+        length, layers = seq.state
         if all(sel is None for sel in layers):
-            return None, prefix_len
+            return None
         since = torch.arange(length, prefix_len)  # every token written since that verification
-        views = [None if sel is None else TokenView(torch.cat((sel, since))) for sel in layers]
-        sizes = [prefix_len if v is None else v.positions.numel() for v in views]
-        return views, round(sum(sizes) / len(sizes))
+        return [None if sel is None else TokenView(torch.cat((sel, since))) for sel in layers]
+
+    def observe(self, seq, drafted, accepted):
+        record_gamma(seq, drafted)
+
+
+class VegasDecoder(Decoder):
+    name = "vegas"
+    Settings = VegasSettings
+    Policy = VegasPolicy

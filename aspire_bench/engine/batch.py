@@ -72,3 +72,6 @@ class ForwardOutput:
     logits: list[torch.Tensor]  # per row: [n_selected, vocab] float32
     # per row index -> {layer: scores}; scores cover positions [0, start+n) (TOKEN_MEAN) or its pages
     captures: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    # per row: KV positions its last token attended, averaged over layers (rounded): the prefix
+    # positions of its view (or the whole prefix at a full layer) plus the row's own tokens
+    kv_read: list[int] = field(default_factory=list)

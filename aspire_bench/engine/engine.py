@@ -99,7 +99,8 @@ class Engine:
         pos = torch.cat((pos, torch.arange(row.start, row.start + row.n, device=dev)))
         return pos + row.slot.base, pos
 
-    def _row_meta(self, row: Row, q_start: int) -> RowMeta:
+    def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int]:
+        """The row's attention metadata and its KV read (positions attended per layer, mean)."""
         L = self.cfg.num_layers
         meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
         if isinstance(row.view, list):  # a view per layer (Vegas); views shared by layers resolved once
@@ -120,11 +121,13 @@ class Engine:
             meta.capture_layers = frozenset(row.capture.layers)
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last
             meta.capture_reduce = row.capture.reduce
-        return meta
+        full = row.start + row.n
+        reads = [full if idx is None else int(idx.numel()) for idx in meta.sparse] if meta.sparse else [full]
+        return meta, round(sum(reads) / len(reads))
 
     def forward(self, rows: list[Row]) -> ForwardOutput:
         dev = self.device
-        tokens, positions, dest, metas, logit_rows, counts = [], [], [], [], [], []
+        tokens, positions, dest, metas, logit_rows, counts, reads = [], [], [], [], [], [], []
         q = 0
         for row in rows:
             slot, start, n = row.slot, row.start, row.n
@@ -135,7 +138,9 @@ class Engine:
             tokens.extend(row.tokens)
             positions.extend(range(start, start + n))
             dest.extend(range(slot.base + start, slot.base + start + n))
-            metas.append(self._row_meta(row, q))
+            meta, read = self._row_meta(row, q)
+            metas.append(meta)
+            reads.append(read)
             if row.logits == "all":
                 logit_rows.extend(range(q, q + n))
                 counts.append(n)
@@ -153,4 +158,4 @@ class Engine:
             torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
-        return ForwardOutput(logits=list(logits.split(counts)), captures=captures)
+        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads)

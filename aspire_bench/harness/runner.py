@@ -118,8 +118,9 @@ def build_requests(cfg: RunConfig, engine: Engine):
     return task, samples, reqs
 
 
-def _generate(decoder_name, decoder_args, engine, reqs, params, batch_size, label, show) -> GenerationOutput:
-    dec = get_decoder(decoder_name, **decoder_args)
+def _generate(decoder, decoder_args, engine, reqs, params, batch_size, label, show) -> GenerationOutput:
+    """`decoder`: a decoder object (run as is: decoders keep no state between runs) or a name."""
+    dec = get_decoder(decoder, **decoder_args) if isinstance(decoder, str) else decoder
     with TokenProgress(sum(r.max_new_tokens for r in reqs), label, disable=not show) as bar:
         return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
 
@@ -135,6 +136,7 @@ class Prepared:
     params: SamplingParams
     decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned gamma
     reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
+    decoder: object = None  # built once from decoder_args; warm-up and every repeat run it
     info: dict = field(default_factory=dict)  # tuning results, kept with the record
 
 
@@ -168,6 +170,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
         p.reference = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
         for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
+    p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
     if cfg.warmup:
         warm_up(p)
     return p
@@ -178,7 +181,7 @@ def warm_up(p: Prepared) -> None:
     every prompt is prefilled here too, so no measured run (the first decoder of a group) pays prefills
     that the others get from the cache."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    _generate(p.cfg.decoder, p.decoder_args, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
+    _generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
     if p.engine.prefix_cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
         if prime:
@@ -188,7 +191,7 @@ def warm_up(p: Prepared) -> None:
 def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> GenerationOutput:
     """Measured repeat i: its own sampling seed (seed + i), the same requests."""
     params = replace(p.params, seed=p.cfg.seed + i)
-    return _generate(p.cfg.decoder, p.decoder_args, p.engine, p.reqs, params, p.cfg.batch_size,
+    return _generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
                      f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 

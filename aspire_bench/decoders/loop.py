@@ -1,0 +1,330 @@
+"""The generation loop every decoder runs, and the policy contract that makes each method small.
+
+The loop owns everything that must be the same for all methods so that their comparisons are fair:
+admission (continuous batching, equal slots), chunked prefill, sampling, acceptance (greedy or
+rejection sampling), commit rules (EOS, stop strings, max_new_tokens), KV rollback, slot release
+and the step traces (each row's KV read as the engine reports it). A method is a `Policy`:
+
+  policy.plan(seqs, batch) -> list[Plan]
+      the rows of this step: which active sequences draft (with what view), verify or decode.
+      Sequences left out sit the step out (a synchronous policy drafts only those still short
+      of gamma). Synchronous (all draft, then all verify) versus per-request scheduling is the
+      policy's own choice, made here.
+  policy.observe(seq, drafted, accepted)
+      after each verification of `seq` (its tokens are already committed and its KV rolled back).
+
+and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `prefill_capture()`,
+`scores(seq, scores)` (captured attention scores of a row after it was applied), `step_done(trace)`
+and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
+run's state (cost model, cycle counters); per-request state lives in `Sequence.state`, so a policy
+can be driven without an engine (a simulator calls plan/observe/should_verify on plain sequences).
+
+A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class; it keeps no state
+between runs, so one decoder object can generate any number of times.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..engine import Capture, Engine, Row
+from ..engine.batch import View
+from ..errors import ConfigError
+from . import speculative
+from .base import (
+    DECODE,
+    DRAFT,
+    PREFILL,
+    VERIFY,
+    GenerationOutput,
+    Request,
+    RequestResult,
+    RowTrace,
+    SamplingParams,
+    StepTrace,
+)
+from .common import logits_to_probs, sample_from
+from .sequence import Sequence
+
+
+@dataclass
+class Plan:
+    """One row of a step: a sequence and what it does (DECODE | DRAFT | VERIFY)."""
+    seq: Sequence
+    kind: str
+    view: View | list[View] = None  # DRAFT: the sparse view of the prefix (None = full)
+    full_layers: frozenset[int] = frozenset()  # DRAFT: layers that attend fully despite the view
+    capture: Capture | None = None  # scores to capture (handed to policy.scores)
+
+
+class Policy:
+    """Defaults for the optional hooks; see the module docstring for the contract."""
+
+    def __init__(self, settings, page_size: int, num_layers: int):
+        self.settings, self.page_size, self.num_layers = settings, page_size, num_layers
+
+    @classmethod
+    def for_run(cls, settings, engine: Engine, batch_size: int) -> Policy:
+        return cls(settings, engine.page_size, engine.cfg.num_layers)
+
+    def new_state(self):
+        return None
+
+    def prefill_capture(self) -> Capture | None:
+        """Scores to capture at the last prompt token (seeds a sparse draft view)."""
+        return None
+
+    def plan(self, seqs: list[Sequence], batch: int) -> list[Plan]:
+        raise NotImplementedError
+
+    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        pass
+
+    def scores(self, seq: Sequence, scores: dict[int, torch.Tensor]) -> None:
+        pass
+
+    def step_done(self, trace: StepTrace) -> None:
+        pass
+
+    def info(self) -> dict:
+        return {}
+
+
+# --- sampling, acceptance, commit: the same for every method -------------------------------------
+def sample(seq: Sequence, logits: torch.Tensor, params: SamplingParams) -> int:
+    if params.greedy:
+        tok = int(torch.argmax(logits))
+        if logits.shape[-1] > 1:
+            (v1, v2), (i1, i2) = (t.tolist() for t in torch.topk(logits, 2))
+            seq.margins.append(v1 - v2)
+            seq.runner_up.append(i2 if i2 != tok else i1)  # on an exact tie topk may list tok second
+            seq.top_logit.append(v1)
+        return tok
+    return sample_from(logits_to_probs(logits, params), seq.gen)
+
+
+def commit(seq: Sequence, tokens: Seq[int], t: float, eos: tuple[int, ...]) -> int:
+    """Append tokens until EOS, a stop string or max_new_tokens; returns how many were kept."""
+    before = len(seq.out)
+    for tok in tokens:
+        if seq.finish:
+            break
+        seq.out.append(int(tok))
+        seq.times.append(t)
+        if tok in eos:
+            seq.finish = "eos"
+        elif seq.req.stop_check is not None and (cut := seq.req.stop_check(seq.out)) is not None:
+            del seq.out[cut:]
+            del seq.times[cut:]
+            seq.finish = "stop"
+        elif len(seq.out) >= seq.req.max_new_tokens:
+            seq.finish = "length"
+    return len(seq.out) - before
+
+
+def take_draft(seq: Sequence, logits: torch.Tensor, params: SamplingParams) -> None:
+    if params.greedy:
+        tok = int(torch.argmax(logits))
+    else:
+        q = logits_to_probs(logits, params)
+        seq.qs.append(q)
+        tok = sample_from(q, seq.gen)
+    seq.pending.append(tok)
+
+
+def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingParams, t: float) -> tuple[int, int, int]:
+    """Accept, roll the KV back to the exact prefix, commit a+1 tokens: (drafted, accepted, committed)."""
+    drafts, start = seq.pending, seq.context_len - 1
+    if params.greedy:
+        a, nxt = speculative.accept_greedy(logits, drafts)
+    else:
+        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen)
+    engine.rollback(seq.slot, start + a + 1)  # last committed token + accepted drafts
+    committed = commit(seq, drafts[:a] + [nxt], t, params.eos_token_ids)
+    seq.verifications.append((len(drafts), a))
+    seq.pending, seq.qs = [], []
+    return len(drafts), a, committed
+
+
+# --- one step ------------------------------------------------------------------------------------
+def _row(p: Plan) -> Row:
+    seq = p.seq
+    if p.kind == VERIFY:
+        return Row(seq.slot, [seq.out[-1]] + seq.pending, seq.context_len - 1, logits="all", capture=p.capture)
+    token = seq.pending[-1] if seq.pending else seq.out[-1]
+    return Row(seq.slot, [token], seq.context_len - 1 + len(seq.pending), view=p.view,
+               full_layers=p.full_layers, capture=p.capture)
+
+
+def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: SamplingParams, clock) -> StepTrace:
+    """One engine forward over the policy's plan for the active sequences, applied."""
+    t0 = clock()
+    plans = policy.plan(seqs, len(seqs))
+    out = engine.forward([_row(p) for p in plans])
+    toks = {i: sample(p.seq, lg[-1], params) for i, (p, lg) in enumerate(zip(plans, out.logits))
+            if p.kind == DECODE}
+    t1 = clock()
+    trace = StepTrace(0, t0, t1)
+    for i, (p, lg, read) in enumerate(zip(plans, out.logits, out.kv_read)):
+        seq = p.seq
+        if p.kind == DECODE:
+            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [toks[i]], t1, params.eos_token_ids), kv_read=read)
+        elif p.kind == DRAFT:
+            take_draft(seq, lg[-1], params)
+            rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read)
+        else:
+            d, a, n = finish_verify(engine, seq, lg, params, t1)
+            policy.observe(seq, d, a)
+            rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read)
+        trace.rows.append(rt)
+        if p.capture is not None:
+            policy.scores(seq, out.captures.get(i, {}))
+    trace.t_end = clock()
+    policy.step_done(trace)
+    return trace
+
+
+# --- the decoder ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoSettings:
+    pass
+
+
+class Decoder:
+    """Settings + a policy class. Subclasses set `name`, `Settings` and `Policy`."""
+
+    name = "base"
+    Settings: type = NoSettings
+    Policy: type = Policy
+    needs_reference = False  # True: the harness runs AR first and sets Request.reference_ids
+
+    def __init__(self, **settings):
+        self.config = self.Settings(**settings)
+
+    def settings(self) -> dict:
+        describe = getattr(self.config, "describe", None)
+        return describe() if describe else asdict(self.config)
+
+    def generate(self, engine: Engine, requests: Seq[Request], params: SamplingParams,
+                 batch_size: int, progress: Callable[[int], None] | None = None) -> GenerationOutput:
+        if batch_size < 1:
+            raise ConfigError("--batch-size must be at least 1")
+        _check(engine, requests)
+        policy = self.Policy.for_run(self.config, engine, batch_size)
+        # Equal slots of the longest request's size: any freed slot fits any waiting request, so
+        # continuous batching never fragments the pool.
+        ps = engine.page_size
+        slot_size = -(-max(len(r.prompt_ids) + r.max_new_tokens for r in requests) // ps) * ps
+        engine.reserve(slot_size * min(batch_size, len(requests)))
+        clock = time.perf_counter
+        t_start = clock()
+        waiting = deque(enumerate(requests))
+        active: list[Sequence] = []
+        done: dict[int, Sequence] = {}
+        steps: list[StepTrace] = []
+        while waiting or active:
+            while waiting and len(active) < batch_size:
+                i, req = waiting.popleft()
+                seq = _admit(engine, policy, slot_size, i, req, params, clock, steps)
+                if progress:
+                    progress(len(seq.out))
+                if seq.finish:
+                    done[i] = seq
+                    engine.free(seq.slot)
+                    _notify(seq)
+                else:
+                    active.append(seq)
+            if not active:
+                continue
+            before = sum(len(s.out) for s in active)
+            trace = run_step(engine, policy, active, params, clock)
+            trace.index = len(steps)
+            steps.append(trace)
+            if progress:
+                progress(sum(len(s.out) for s in active) - before)
+            for seq in [s for s in active if s.finish]:
+                active.remove(seq)
+                engine.free(seq.slot)
+                done[seq.index] = seq
+                _notify(seq)
+        results = [_result(done[i], t_start) for i in range(len(requests))]
+        return GenerationOutput(results, steps, t_start, clock(),
+                                info={"decoder": self.name, **self.settings(), **policy.info()})
+
+
+def _result(seq: Sequence, t_start: float) -> RequestResult:
+    extra = dict(seq.extra)
+    if seq.margins:
+        extra["margins"] = seq.margins[:len(seq.out)]
+        extra["runner_up"] = seq.runner_up[:len(seq.out)]
+        extra["top_logit"] = seq.top_logit[:len(seq.out)]
+    return RequestResult(id=seq.req.id, output_ids=seq.out, finish_reason=seq.finish, token_times=seq.times,
+                         t_arrival=t_start, t_prefill_start=seq.t_prefill_start,
+                         verifications=seq.verifications, extra=extra)
+
+
+def _notify(seq: Sequence) -> None:
+    if seq.req.on_finish is not None:
+        seq.req.on_finish(list(seq.out), seq.finish)
+
+
+def _check(engine: Engine, requests: Seq[Request]) -> None:
+    for r in requests:
+        need = len(r.prompt_ids) + r.max_new_tokens
+        if not r.prompt_ids:
+            raise ConfigError(f"request {r.id!r} has an empty prompt")
+        vocab = engine.cfg.vocab_size
+        if min(r.prompt_ids) < 0 or max(r.prompt_ids) >= vocab:  # never wrap around the embedding
+            raise ConfigError(f"request {r.id!r} has a token id outside the vocabulary (0..{vocab - 1})")
+        if r.max_new_tokens < 1:
+            raise ConfigError(f"request {r.id!r}: max_new_tokens must be at least 1")
+        if need > engine.max_context:
+            raise ConfigError(
+                f"request {r.id!r} needs {len(r.prompt_ids)} prompt + {r.max_new_tokens} new tokens, more "
+                f"than the model's maximum context of {engine.max_context}: shorten the context "
+                "(--context-len) or lower --max-new-tokens")
+
+
+def _admit(engine: Engine, policy: Policy, slot_size: int, i: int, req: Request, params: SamplingParams,
+           clock, steps: list[StepTrace]) -> Sequence:
+    slot = engine.alloc(slot_size)
+    gen = None
+    if not params.greedy:
+        gen = torch.Generator(device=engine.device)
+        gen.manual_seed(params.seed * 1_000_003 + i)  # per request: independent of batch order
+    seq = Sequence(index=i, req=req, slot=slot, gen=gen, t_prefill_start=clock(), state=policy.new_state())
+    ids = req.prompt_ids
+    capture = policy.prefill_capture()
+    chunk = engine.prefill_chunk
+    # A cached prompt prefix (all but the last token) is copied in; the last token always runs.
+    # The last token also runs alone when scores are captured, so probabilities are only
+    # materialised for one query (not a whole chunk x context).
+    restored = len(ids) > 1 and engine.restore_prefix(slot, ids[:-1])
+    if restored:
+        bounds = [len(ids) - 1]
+    else:
+        bounds = list(range(0, len(ids) - (1 if capture else 0), chunk)) + ([len(ids) - 1] if capture else [])
+    out = None
+    for b, start in enumerate(bounds):
+        end = bounds[b + 1] if b + 1 < len(bounds) else len(ids)
+        last = end == len(ids)
+        t0 = clock()
+        row = Row(slot, ids[start:end], start, logits="last" if last else "none",
+                  capture=Capture(capture.layers, (end - start - 1,), capture.reduce) if last and capture
+                  else None)
+        out = engine.forward([row])
+        tok = sample(seq, out.logits[0][-1], params) if last else None
+        t1 = clock()
+        committed = commit(seq, [tok], t1, params.eos_token_ids) if last else 0
+        steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,
+                                                           kv_read=out.kv_read[0])]))
+    if not restored and len(ids) > 1:
+        engine.save_prefix(slot, ids[:-1])
+    if capture:
+        policy.scores(seq, out.captures.get(0, {}))
+    return seq

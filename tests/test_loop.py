@@ -1,0 +1,130 @@
+"""The decoder loop and its policies: reusable decoders, per-request Sequence state, pure scheduling
+decisions, the replayable schedule and the engine-reported KV read."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from aspire_bench.decoders import Request, SamplingParams, get_decoder
+from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
+from aspire_bench.decoders.scheduler import CostModel, update_alpha
+from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.engine import Engine, PageView, Row, TokenView
+from aspire_bench.engine.loading import load_model
+
+SPARSE = {"magicdec": {"budget": 64, "sinks": 4}, "vegas": {"min_tokens": 32},
+          "aspire": {"min_pages": 2, "recent_pages": 1, "calibration": "none"}}
+
+
+def requests(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [Request(str(i), torch.randint(0, 320, (120 + 40 * i,), generator=g).tolist(), 10) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    path, _ = checkpoints["qwen3"]
+    return Engine(load_model(path), attention_backend="torch", prefill_chunk=64)
+
+
+@pytest.mark.parametrize("name", ["ar", *SPARSE])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_a_decoder_runs_twice_with_the_same_result(engine, name, params):
+    dec = get_decoder(name, **SPARSE.get(name, {}))
+    a, b = (dec.generate(engine, requests(), params, 2) for _ in range(2))
+    assert [r.output_ids for r in a.results] == [r.output_ids for r in b.results]
+    assert [r.verifications for r in a.results] == [r.verifications for r in b.results]
+    assert [[(w.kind, w.kv_read) for w in s.rows] for s in a.steps] == \
+        [[(w.kind, w.kv_read) for w in s.rows] for s in b.steps]
+    assert a.info == b.info
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_schedule_has_one_entry_per_verification_and_replays_alpha(engine, name):
+    out = get_decoder(name, **SPARSE[name]).generate(engine, requests(), SamplingParams(), 2)
+    for r in out.results:
+        sched = r.extra["schedule"]
+        assert len(sched) == len(r.verifications) > 0
+        assert [s["gamma"] for s in sched] == [d for d, _ in r.verifications]
+        if name != "aspire":
+            assert all(set(s) == {"gamma"} for s in sched)
+            continue
+        assert [s["gamma"] for s in sched] == r.extra["draft_lengths"]
+        alpha = AspireSettings().alpha0
+        for s, (d, a) in zip(sched, r.verifications):  # alpha before each update, replayed from (d, a)
+            assert s["alpha"] == pytest.approx(alpha) and s["c"] > 0
+            alpha = update_alpha(alpha, a, d, 0.8, 0.9)
+    ar = get_decoder("ar").generate(engine, requests(), SamplingParams(), 2)
+    assert all("schedule" not in r.extra for r in ar.results)
+
+
+def test_sequence_state_is_the_policys_and_drafts_clear_after_verification(engine):
+    seen = []
+    dec = get_decoder("aspire", **SPARSE["aspire"])
+    policy_cls = dec.Policy
+
+    class Spy(policy_cls):
+        def observe(self, seq, drafted, accepted):
+            assert seq.pending == [] and seq.qs == []  # verified drafts are gone before observe
+            seen.append((seq.index, drafted, accepted, seq.state.alpha))
+            super().observe(seq, drafted, accepted)
+            assert seq.state.verified
+
+    dec.Policy = Spy  # this object only
+    out = dec.generate(engine, requests(), SamplingParams(temperature=0.7, seed=1), 2)
+    assert seen and sum(len(r.verifications) for r in out.results) == len(seen)
+    assert get_decoder("aspire").Policy is policy_cls  # the class is untouched
+
+
+def test_should_verify_is_pure_and_needs_no_engine():
+    policy = AspirePolicy(AspireSettings(), page_size=16, num_layers=4, cost=CostModel(1.0, 0.05, 1 / 1024))
+    seq = Sequence(0, Request("x", [1] * 3000, 100), None, None, out=[1], state=policy.new_state())
+    seq.state.verified, seq.state.alpha = True, 0.95
+    seq.pending.extend([4] * 3)
+    before = copy.deepcopy((seq.pending, seq.state, seq.extra))
+    answers = {policy.should_verify(seq, 8) for _ in range(3)}
+    assert len(answers) == 1 and copy.deepcopy((seq.pending, seq.state, seq.extra)) == before
+    # a longer context makes verification dearer relative to a draft: never verify sooner there
+    assert policy.should_verify(seq, 8, context_len=200) >= policy.should_verify(seq, 8, context_len=60000)
+    seq.state.alpha = 0.0  # nothing is accepted: verify at once
+    assert policy.should_verify(seq, 8)
+
+
+def test_engine_reports_the_kv_positions_each_row_read(engine):
+    L, ps = engine.cfg.num_layers, engine.page_size
+    engine.reserve(1024)
+    s = engine.alloc(256)
+    engine.forward([Row(s, list(range(1, 62)), 0, logits="none")])  # 61 positions: 3 full pages + 13
+    pages = torch.tensor([0, 3])  # page 3 holds positions 48..60 (< start 61) only
+    tokens = TokenView(torch.tensor([0, 5, 9, 40]))
+    per_layer = [tokens if i % 2 else None for i in range(L)]
+    rows = [Row(s, [7, 8, 9], 61, logits="all"),  # full: the prefix + its own 3 tokens
+            Row(s, [7], 61, view=PageView(pages)),
+            Row(s, [7], 61, view=per_layer),  # Vegas: a view per layer, None = full
+            Row(s, [7], 61, view=PageView(pages), full_layers=frozenset({L - 2}))]  # ASPIRE's refresh row
+    reported = []
+    for row in rows:  # one row per forward: each writes the same positions
+        reported.append(engine.forward([row]).kv_read[0])
+        engine.rollback(s, 61)
+    page_read = len({p for p in range(61) if p // ps in (0, 3)}) + 1
+    assert page_read == ps + 13 + 1
+    per_layer_true = [4 + 1 if i % 2 else 61 + 1 for i in range(L)]
+    refresh_true = [61 + 1 if i == L - 2 else page_read for i in range(L)]
+    assert reported == [64, page_read, round(sum(per_layer_true) / L), round(sum(refresh_true) / L)]
+
+
+def test_step_traces_carry_the_engines_figure(engine, monkeypatch):
+    reads = []
+    forward = engine.forward
+
+    def spy(rows):
+        out = forward(rows)
+        reads.append(list(out.kv_read))
+        return out
+
+    monkeypatch.setattr(engine, "forward", spy)
+    out = get_decoder("vegas", **SPARSE["vegas"]).generate(engine, requests(), SamplingParams(), 2)
+    assert reads == [[w.kv_read for w in s.rows] for s in out.steps]
