@@ -19,9 +19,9 @@ from aspire_bench.decoders.scheduler import (
 from aspire_bench.decoders.selection import (
     page_budget,
     select_pages,
-    select_tokens,
     streaming_positions,
     token_budget,
+    top_tokens,
 )
 from aspire_bench.decoders.speculative import accept_greedy, accept_sampling
 from aspire_bench.engine import Engine, load_model
@@ -215,8 +215,14 @@ def test_page_selection_and_budgets():
     assert select_pages(scores, 10, 4, 2).tolist() == [1, 3, 8, 9]
     assert token_budget(10000, 0.05, 256) == 500 and token_budget(1000, 0.05, 256) == 256
     assert token_budget(100, 0.05, 256) == 100
-    assert select_tokens(torch.tensor([0.5, 0.1, 0.9, 0.3]), 4, 2).tolist() == [0, 2]
-    assert select_tokens(torch.tensor([0.5, 0.1]), 2, 2) is None
+    assert top_tokens(torch.tensor([[0.5, 0.1, 0.9, 0.3], [0.0, 0.4, 0.2, 0.3]]), 4, 2).tolist() == [[0, 2], [1, 3]]
+    assert top_tokens(torch.tensor([[0.5, 0.1, 0.7]]), 2, 2) is None  # only [0, length) counts: all of it
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(5, 300, generator=gen)  # fresh random scores: the set torch.topk picks, per layer
+    got = top_tokens(scores, 257, 40)
+    assert got.shape == (5, 40)
+    for layer in range(5):
+        assert got[layer].tolist() == sorted(torch.topk(scores[layer, :257], 40).indices.tolist())
     pos = streaming_positions(100, 4, 20)
     assert pos.tolist() == [0, 1, 2, 3] + list(range(84, 100))
     assert streaming_positions(20, 4, 20) is None

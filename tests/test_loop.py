@@ -11,7 +11,7 @@ from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
 from aspire_bench.decoders.scheduler import CostModel, update_alpha
 from aspire_bench.decoders.sequence import Sequence
-from aspire_bench.engine import Engine, PageView, Row, TokenView
+from aspire_bench.engine import Engine, LayerTokenView, PageView, Row, TokenView
 from aspire_bench.engine.loading import load_model
 
 SPARSE = {"magicdec": {"budget": 64, "sinks": 4}, "vegas": {"min_tokens": 32},
@@ -114,6 +114,24 @@ def test_engine_reports_the_kv_positions_each_row_read(engine):
     per_layer_true = [4 + 1 if i % 2 else 61 + 1 for i in range(L)]
     refresh_true = [61 + 1 if i == L - 2 else page_read for i in range(L)]
     assert reported == [64, page_read, round(sum(per_layer_true) / L), round(sum(refresh_true) / L)]
+
+
+def test_layer_token_view_equals_a_list_of_per_layer_views(engine):
+    """Vegas's one-tensor view gives the same logits and KV read as one TokenView per layer."""
+    L = engine.cfg.num_layers
+    engine.reserve(1024)
+    s = engine.alloc(256)
+    engine.forward([Row(s, list(range(1, 62)), 0, logits="none")])
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.stack([torch.randperm(61, generator=gen)[:9].sort().values for _ in range(L)])
+    outs = []
+    for view in (LayerTokenView(positions), [TokenView(p) for p in positions]):
+        out = engine.forward([Row(s, [7], 61, view=view)])
+        outs.append((out.logits[0], out.kv_read[0]))
+        engine.rollback(s, 61)
+    assert torch.equal(outs[0][0], outs[1][0]) and outs[0][1] == outs[1][1] == 9 + 1
+    with pytest.raises(ValueError, match="one row of positions per layer"):
+        engine.forward([Row(s, [7], 61, view=LayerTokenView(positions[:2]))])
 
 
 def test_step_traces_carry_the_engines_figure(engine, monkeypatch):

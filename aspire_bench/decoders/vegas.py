@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import TOKEN_MEAN, Capture, TokenView
+from ..engine import TOKEN_MEAN, Capture, LayerTokenView
 from .loop import Decoder, Policy
-from .selection import select_tokens, token_budget
+from .selection import token_budget, top_tokens
 from .sync import lockstep, record_gamma
 
 
@@ -28,7 +28,7 @@ class VegasSettings:
 
 
 class VegasPolicy(Policy):
-    """seq.state: (length, per-layer selection over [0, length)) of the last verification."""
+    """seq.state: (length, the last verification's selection over [0, length): [layers, k] or None)."""
     cycle = 0
 
     def _capture(self, queries):
@@ -46,14 +46,18 @@ class VegasPolicy(Policy):
         """Per-layer selection over [0, length), the KV that stays valid after the rollback."""
         length = seq.context_len - 1
         k = token_budget(length, self.settings.ratio, self.settings.min_tokens)
-        seq.state = (length, [select_tokens(scores[li], length, k) for li in sorted(scores)])
+        if k >= length:  # every token fits the budget: full attention, no selection to make
+            seq.state = (length, None)
+            return
+        stacked = torch.stack([scores[li][:length] for li in range(self.num_layers)])
+        seq.state = (length, top_tokens(stacked, length, k))
 
     def view(self, seq, prefix_len):
-        length, layers = seq.state
-        if all(sel is None for sel in layers):
+        length, sel = seq.state
+        if sel is None:
             return None
-        since = torch.arange(length, prefix_len)  # every token written since that verification
-        return [None if sel is None else TokenView(torch.cat((sel, since))) for sel in layers]
+        since = torch.arange(length, prefix_len).expand(sel.shape[0], -1)  # written since that verification
+        return LayerTokenView(torch.cat((sel, since), dim=1))
 
     def observe(self, seq, drafted, accepted):
         record_gamma(seq, drafted)

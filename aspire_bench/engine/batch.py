@@ -18,7 +18,8 @@ from .kv_cache import Slot
 # What a row's tokens attend to in the prefix [0, start):
 #   None                 -> every position (full attention, read in place)
 #   PageView / TokenView -> a subset, gathered
-#   list of those        -> one view per layer (Vegas); a None entry means full for that layer
+#   LayerTokenView       -> a subset per layer, the same number of tokens in each (Vegas)
+#   list of those        -> one view per layer; a None entry means full for that layer
 
 
 @dataclass
@@ -31,7 +32,15 @@ class TokenView:
     positions: torch.Tensor  # positions within the slot (int64), each < start
 
 
-View = Union[None, PageView, TokenView]
+@dataclass
+class LayerTokenView:
+    """A token subset per layer, as one tensor: resolved for all layers in a few tensor ops where a
+    list of per-layer TokenViews costs a handful of ops per layer and row."""
+
+    positions: torch.Tensor  # [num_layers, m] positions within the slot (int64), each < start
+
+
+View = Union[None, PageView, TokenView, LayerTokenView]
 
 
 @dataclass
@@ -60,6 +69,8 @@ class Row:
             return None
         if isinstance(self.view, list):
             return self.view[layer]
+        if isinstance(self.view, LayerTokenView):
+            return TokenView(self.view.positions[layer])
         return self.view
 
     @property

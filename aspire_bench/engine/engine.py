@@ -8,7 +8,7 @@ import torch
 
 from ..kernels import get_backend
 from ..kernels.base import AttentionMeta, RowMeta
-from .batch import ForwardOutput, PageView, Row, TokenView, View
+from .batch import ForwardOutput, LayerTokenView, PageView, Row, TokenView, View
 from .kv_cache import KVCache, Slot
 from .loading import load_model, load_tokenizer, resolve_model_path
 from .model import Transformer
@@ -103,7 +103,14 @@ class Engine:
         """The row's attention metadata and its KV read (positions attended per layer, mean)."""
         L = self.cfg.num_layers
         meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
-        if isinstance(row.view, list):  # a view per layer (Vegas); views shared by layers resolved once
+        if isinstance(row.view, LayerTokenView) and row.view.positions.shape[0] != L:
+            raise ValueError(f"a LayerTokenView needs one row of positions per layer ({L}), "
+                             f"got {row.view.positions.shape[0]}")
+        if isinstance(row.view, LayerTokenView) and not row.full_layers:  # all layers' keys in a few ops
+            own = torch.arange(row.start, row.start + row.n, device=self.device).expand(L, -1)
+            pos = torch.cat((row.view.positions.to(self.device), own), dim=1)
+            meta.sparse, meta.sparse_pos = list((pos + row.slot.base).unbind(0)), list(pos.unbind(0))
+        elif isinstance(row.view, (list, LayerTokenView)):  # a view per layer; shared views resolved once
             resolved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             keys = []
             for layer in range(L):
