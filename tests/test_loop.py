@@ -146,3 +146,20 @@ def test_step_traces_carry_the_engines_figure(engine, monkeypatch):
     monkeypatch.setattr(engine, "forward", spy)
     out = get_decoder("vegas", **SPARSE["vegas"]).generate(engine, requests(), SamplingParams(), 2)
     assert reads == [[w.kv_read for w in s.rows] for s in out.steps]
+
+
+@pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (0, 0.9), (0, 1.0)])
+def test_batched_sampling_distributions_equal_one_call_per_row(top_k, top_p):
+    """The loop computes every one-token row's distribution in one call: the same values, bit for bit,
+    as a call per row (so batching never changes what a seed samples)."""
+    from aspire_bench.decoders.common import logits_to_probs
+    from aspire_bench.decoders.loop import Plan, _batch_probs
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
+    gen = torch.Generator().manual_seed(7)
+    logits = [torch.randn(n, 300, generator=gen) * 4 for n in (1, 4, 1, 1)]  # the 4-token row verifies
+    plans = [Plan(None, kind) for kind in ("draft", "verify", "decode", "draft")]
+    probs = _batch_probs(plans, logits, params)
+    assert sorted(probs) == [0, 2, 3]
+    for i, q in probs.items():
+        assert torch.equal(q, logits_to_probs(logits[i][-1], params))
+    assert _batch_probs(plans, logits, SamplingParams()) == {}  # greedy: no distributions
