@@ -6,10 +6,11 @@ from dataclasses import asdict, dataclass, field
 
 from ..decoders import Request, SamplingParams, get_decoder
 from ..errors import ConfigError
-from ..progress import TokenProgress
 from ..harness.runner import RunConfig, build_requests, load_engine
+from ..progress import TokenProgress
 from .capture import HEADS, capture_scores, token_engine
 from .recall import FAMILIES, RecallAccumulator, RecallSpec
+from .records import diagnostic_record
 
 CONTINUATIONS = ("auto", "reference", "greedy")
 
@@ -123,3 +124,12 @@ def diagnose_recall(cfg: RecallConfig, show_progress: bool = True) -> RecallResu
             infos.append({"id": r.id, "prompt_len": P, "positions": n_q, "continuation": source})
             del scores, means
     return RecallResult(acc.rows(), cfg.to_config(page_size), infos)
+
+
+def recall_record(result: RecallResult):
+    """The stored run: every row in info, the mean over layers of each (predictor, unit, k) as an
+    aggregate named recall:PREDICTOR:UNIT@K."""
+    aggregates = {f"recall:{r['predictor']}:{r['unit']}@{r['k']}": r["recall"]
+                  for r in result.rows if r["layer"] == "mean"}
+    return diagnostic_record(result.config, {"recall": {"rows": result.rows, "requests": result.requests}},
+                             aggregates)

@@ -1,0 +1,131 @@
+"""Diagnostics: recall against a brute-force computation on full attention matrices, the engine's
+captured scores against transformers' attention probabilities, the CLI's JSON contract and errors,
+and the store's kind."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from aspire_bench.diagnostics.recall import PAGES, TOKENS, RecallAccumulator, RecallSpec
+
+L, H, N = 3, 4, 70
+
+
+def full_attention(seed: int = 0) -> torch.Tensor:
+    """[L, H, N, N] causal softmax probabilities of random, fairly peaked q.K scores."""
+    g = torch.Generator().manual_seed(seed)
+    q = 3 * torch.randn(L, H, N, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(L, H, N, 8, generator=g, dtype=torch.float64)
+    s = q @ k.transpose(-1, -2)
+    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1)
+
+
+def brute_recall(p, heads, spec, t, predictor, layer, unit, k) -> float:
+    """The definition, element by element: sets built by sorting Python lists."""
+    red = p.amax(1) if heads == "max" else p.mean(1)  # [L, N, N]
+    mean = p.mean(1)
+    true = [float(x) for x in red[layer, t, :t]]
+    total = sum(true)
+    true = [x / total for x in true]
+    name, _, arg = predictor.partition(":")
+    if name == "window":
+        if unit == TOKENS:
+            chosen = set(range(t)) if k >= t else set(range(min(spec.sinks, k))) | set(range(t - (k - min(spec.sinks, k)), t))
+        else:
+            n_pages, s = math.ceil(t / spec.page_size), min(math.ceil(spec.sinks / spec.page_size), k)
+            pages = set(range(n_pages)) if k >= n_pages else set(range(s)) | set(range(n_pages - (k - s), n_pages))
+            chosen = {i for i in range(t) if i // spec.page_size in pages}
+        return sum(true[i] for i in chosen)
+    value = int(arg.split("=")[1]) if arg else None
+    if name == "temporal":
+        src = red[layer, t - value, :t - value + 1]
+    elif name == "cross-layer":
+        src = red[value, t, :t]
+    elif name == "refresh":
+        src = red[value, t - 1, :t]
+    else:  # vegas: first and last query of the verification gamma tokens back
+        f, last = t - 2 * spec.vegas_gamma, t - spec.vegas_gamma
+        src = (mean[layer, f, :last + 1] + mean[layer, last, :last + 1]) / 2
+    src = [float(x) for x in src]
+    if unit == TOKENS:
+        chosen = sorted(range(len(src)), key=lambda i: -src[i])[:k]
+    else:
+        ps = spec.page_size
+        page_score = {}
+        for i, x in enumerate(src):
+            page_score[i // ps] = page_score.get(i // ps, 0.0) + x
+        pages = set(sorted(page_score, key=lambda pg: -page_score[pg])[:k])
+        chosen = [i for i in range(t) if i // ps in pages]
+    return sum(true[i] for i in chosen)
+
+
+@pytest.mark.parametrize("heads", ["max", "mean"])
+def test_recall_matches_brute_force_on_full_attention(heads):
+    p = full_attention()
+    spec = RecallSpec(k_tokens=(1, 5, 20, 100), k_pages=(1, 3, 40), page_size=4, lags=(1, 3), sinks=2,
+                      vegas_gamma=2)
+    red = p.amax(1) if heads == "max" else p.mean(1)
+    scores = {t: red[:, t, :t + 1].float() for t in range(N)}
+    means = {t: p.mean(1)[:, t, :t + 1].float() for t in range(N)} if heads == "max" else None
+    queries = [40, 53, 69]
+    acc = RecallAccumulator(L, spec)
+    for t in queries:
+        acc.add_query(t, scores, means)
+    rows = acc.rows()
+    preds = {r["predictor"] for r in rows}
+    assert preds == {"temporal:lag=1", "temporal:lag=3", "cross-layer:from=0", "cross-layer:from=1", "refresh:layer=0",
+                     "refresh:layer=1", "refresh:layer=2", "window", "vegas"}
+    checked = 0
+    for r in rows:
+        if r["layer"] == "mean":
+            continue
+        want = sum(brute_recall(p, heads, spec, t, r["predictor"], r["layer"], r["unit"], r["k"])
+                   for t in queries) / len(queries)
+        assert r["recall"] == pytest.approx(want, abs=1e-5), r
+        assert r["n"] == len(queries)
+        checked += 1
+    # cross-layer from j is evaluated on the later layers only, refresh at j on every other layer
+    layers = lambda pred: sorted(r["layer"] for r in rows if r["predictor"] == pred and r["unit"] == TOKENS
+                                 and r["k"] == 1 and r["layer"] != "mean")
+    assert layers("cross-layer:from=1") == [2] and layers("refresh:layer=1") == [0, 2] and layers("vegas") == [0, 1, 2]
+    assert checked == sum(1 for r in rows if r["layer"] != "mean")
+    for r in rows:
+        assert 0.0 <= r["recall"] <= 1.0
+        if r["layer"] == "mean":
+            per = [x["recall"] for x in rows if x["layer"] != "mean" and
+                   (x["predictor"], x["unit"], x["k"]) == (r["predictor"], r["unit"], r["k"])]
+            assert r["recall"] == pytest.approx(sum(per) / len(per))
+    # every key (k = 100 > context) or every page covers all the mass, except where the predictor
+    # never saw the newest keys (temporal lags)
+    full = [r for r in rows if r["k"] in (100, 40) and not r["predictor"].startswith(("temporal", "vegas"))]
+    assert full and all(r["recall"] == pytest.approx(1.0) for r in full)
+    lag3 = [r for r in rows if r["predictor"] == "temporal:lag=3" and r["unit"] == TOKENS and r["k"] == 100]
+    assert all(r["recall"] < 1.0 for r in lag3)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_captured_scores_are_transformers_attention(checkpoints, backend):
+    """Each captured position's scores at every layer are the max (and mean) over heads of the
+    attention probabilities transformers computes with the full matrix."""
+    from aspire_bench.diagnostics.capture import capture_scores, token_engine
+    from aspire_bench.engine import Engine
+    path, hf = checkpoints["llama"]  # GQA 4:1
+    hf.set_attn_implementation("eager")
+    ids = torch.randint(0, 320, (48,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        att = hf(torch.tensor([ids]), output_attentions=True).attentions  # per layer [1, H, n, n]
+    engine = Engine.from_pretrained(path, attention_backend=backend)
+    assert engine.page_size > 1  # token_engine makes the one-token-page twin
+    first = 30
+    mx, mean = capture_scores(token_engine(engine), ids, first, "max", also_mean=True)
+    assert sorted(mx) == sorted(mean) == list(range(first, len(ids)))
+    for p in range(first, len(ids)):
+        want = torch.stack([a[0, :, p, :p + 1] for a in att]).float()  # [L, H, p + 1]
+        torch.testing.assert_close(mx[p], want.amax(1), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(mean[p], want.mean(1), atol=2e-5, rtol=1e-4)
+    only_mean, none = capture_scores(token_engine(engine), ids, first, "mean", also_mean=True)
+    assert none is None and torch.allclose(only_mean[first], mean[first])
