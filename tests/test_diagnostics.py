@@ -129,3 +129,105 @@ def test_captured_scores_are_transformers_attention(checkpoints, backend):
         torch.testing.assert_close(mean[p], want.mean(1), atol=2e-5, rtol=1e-4)
     only_mean, none = capture_scores(token_engine(engine), ids, first, "mean", also_mean=True)
     assert none is None and torch.allclose(only_mean[first], mean[first])
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+def _invoke(args):
+    from click.testing import CliRunner
+
+    from aspire_bench.cli import main
+    return CliRunner().invoke(main, args)
+
+
+def test_recall_command_json_contract_and_store(random_tiny, tmp_path):
+    from aspire_bench.harness.store import Store
+    from aspire_bench.report.leaderboard import load_runs
+    out, db = tmp_path / "recall.json", tmp_path / "s.db"
+    res = _invoke(["diagnose", "recall", "--model", str(random_tiny), "--context-len", "512", "--requests", "1",
+                   "--positions", "3", "--continuation", "greedy", "--k-tokens", "8,600", "--k-pages", "2",
+                   "--page-size", "4", "--lags", "1,2", "--vegas-gamma", "2", "--json", str(out), "--store", str(db),
+                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())
+    assert rows == json.loads(res.stdout)
+    L = 4  # the random checkpoint's layers
+    assert {r["predictor"] for r in rows} == {"temporal:lag=1", "temporal:lag=2", "window", "vegas",
+                                               *(f"cross-layer:from={j}" for j in range(L - 1)),
+                                               *(f"refresh:layer={j}" for j in range(L))}
+    for r in rows:
+        assert {"predictor", "layer", "k", "recall"} <= set(r)
+        assert r["layer"] == "mean" or r["layer"] in range(L)
+        assert 0.0 <= r["recall"] <= 1.0 and r["n"] == 3
+        assert (r["unit"], r["k"]) in {("tokens", 8), ("tokens", 600), ("pages", 2)}
+    # a budget beyond the context covers everything for predictors that see every prefix key
+    assert all(r["recall"] == pytest.approx(1.0) for r in rows
+               if r["k"] == 600 and r["predictor"].startswith(("cross-layer", "refresh", "window")))
+    with Store(db, readonly=True) as st:
+        runs = st.list_runs(kind="diagnostic")
+        assert len(runs) == 1 and st.list_runs(kind="measured") == []
+        rec = st.get_run(runs[0]["run_id"])
+    assert rec.kind == "diagnostic" and rec.config["diagnostic"] == "recall"
+    assert rec.info["recall"]["rows"] == rows
+    assert rec.aggregates["recall:window:tokens@600"] == pytest.approx(1.0)
+    assert load_runs(db) == []  # the leaderboard never ranks diagnostics
+
+
+def test_heterogeneity_command(random_tiny, tmp_path):
+    from aspire_bench.harness.store import Store
+    out, db = tmp_path / "het.json", tmp_path / "s.db"
+    res = _invoke(["diagnose", "heterogeneity", "--model", str(random_tiny), "--context-len", "512",
+                   "--decoder", "magicdec", "--decoder-arg", "budget=64", "--draft-len", "3", "--requests", "3",
+                   "--max-new-tokens", "10", "--json", str(out), "--store", str(db), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["decoder"] == "magicdec" and data["draft_len"] == 3 and data["settings"] == {"budget": 64, "gamma": 3}
+    assert len(data["requests"]) == 3
+    with Store(db, readonly=True) as st:
+        rec = st.get_run(st.list_runs(kind="diagnostic")[0]["run_id"])
+    means = []
+    for r, stored in zip(data["requests"], rec.requests):
+        full = [a for d, a in stored.verifications if d == 3]  # the rounds that drafted all 3 tokens
+        assert r["accepted"] == full and r["rounds"] == len(full) > 0
+        assert r["mean"] == pytest.approx(sum(full) / len(full)) and r["min"] == min(full) and r["max"] == max(full)
+        assert 0 <= r["min"] <= r["mean"] <= r["max"] <= 3
+        means.append(r["mean"])
+    s = data["summary"]
+    assert s["n"] == 3 and s["min"] == min(means) and s["max"] == max(means)
+    assert s["mean"] == pytest.approx(sum(means) / 3) and s["median"] == pytest.approx(sorted(means)[1])
+    assert rec.kind == "diagnostic" and rec.config["diagnostic"] == "heterogeneity"
+    assert rec.aggregates["accepted_len_mean"] == pytest.approx(s["mean"])
+
+
+def test_distribution_quartiles():
+    from aspire_bench.diagnostics.heterogeneity import distribution, fixed_draft_settings, request_stats
+    d = distribution([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (d["min"], d["q1"], d["median"], d["q3"], d["max"], d["mean"]) == (1.0, 2.0, 3.0, 4.0, 5.0, 3.0)
+    assert distribution([2.5])["q1"] == 2.5 and distribution([])["n"] == 0
+    st = request_stats([(4, 1), (4, 3), (2, 2)], 4)  # the short last round is not a round of D
+    assert st == {"rounds": 2, "mean": 2.0, "std": 1.0, "min": 1, "max": 3}
+    assert fixed_draft_settings("aspire-fsm", 7)["policy"] == "fixed"
+    assert fixed_draft_settings("vegas", 7) == {"gamma": 7}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["recall", "--k-tokens", "0"], "--k-tokens"),
+    (["recall", "--k-tokens", "none", "--k-pages", "none"], "at least one budget"),
+    (["recall", "--predictors", "temporal,nope"], "unknown predictor 'nope'"),
+    (["recall", "--heads", "min"], "--heads"),
+    (["recall", "--lags", "none"], "temporal reuse needs at least one lag"),
+    (["recall", "--context-len", "banana"], "--context-len"),
+    (["heterogeneity", "--decoder", "ar"], "ar does not draft"),
+    (["heterogeneity", "--draft-len", "0"], "--draft-len"),
+    (["heterogeneity", "--decoder", "nope"], "unknown decoder 'nope'"),
+    (["heterogeneity", "--decoder-arg", "gamma=4", "--decoder", "magicdec"], "set by --draft-len"),
+    (["recall", "--store", "DIR"], "is a directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    if "--store" not in args:
+        args = [*args, "--store", str(tmp_path / "s.db")]
+    res = _invoke(["diagnose", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "s.db").exists()
