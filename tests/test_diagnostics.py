@@ -231,3 +231,62 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert not (tmp_path / "s.db").exists()
+
+
+# --- the report's diagnostics page -------------------------------------------------------------------
+
+def _diagnostic_store(path):
+    """A store with one measured-free recall run and one heterogeneity run, made by hand."""
+    from aspire_bench.diagnostics.heterogeneity import distribution
+    from aspire_bench.diagnostics.records import diagnostic_record
+    from aspire_bench.harness.store import Store
+    rows = []
+    for unit, k in (("tokens", 256), ("pages", 32)):
+        preds = {f"temporal:lag={g}": 0.9 - 0.1 * i for i, g in enumerate((1, 2, 4, 8, 16))}
+        preds |= {f"cross-layer:from={j}": 0.5 + 0.1 * j for j in range(3)}
+        preds |= {f"refresh:layer={j}": 0.6 + 0.05 * j for j in range(4)} | {"window": 0.3, "vegas": 0.7}
+        for p, v in preds.items():
+            rows += [{"predictor": p, "layer": 0, "unit": unit, "k": k, "recall": v, "n": 2},
+                     {"predictor": p, "layer": "mean", "unit": unit, "k": k, "recall": v, "n": 2}]
+    reqs = [{"id": f"r{i}", "prompt_len": 4096, "rounds": 3, "accepted": acc, "mean": sum(acc) / 3,
+             "std": 1.0, "min": min(acc), "max": max(acc)} for i, acc in enumerate(([20, 18, 19], [2, 5, 3], [9, 0, 20]))]
+    with Store(path) as st:
+        st.save_run(diagnostic_record({"diagnostic": "recall", "model": "tiny", "task": "code-completion",
+                                       "context_len": "4k", "heads": "max"}, {"recall": {"rows": rows}}, {}))
+        st.save_run(diagnostic_record({"diagnostic": "heterogeneity", "model": "tiny", "decoder": "aspire",
+                                       "draft_len": 20}, {"heterogeneity": {
+                                           "requests": reqs, "summary": distribution([r["mean"] for r in reqs])}}, {}))
+
+
+def test_diagnostics_page_in_headless_browser(tmp_path):
+    from test_report import PLOT_MARKS, Browser, _chromium, _wait_for_plots
+
+    from aspire_bench.report import write_report
+    db = tmp_path / "s.db"
+    _diagnostic_store(db)
+    index = write_report(db, tmp_path / "lb")
+    html = index.read_text()
+    assert 'href="diagnostics.html"' in html and "No successful runs" in html  # diagnostics are never ranked
+    b = Browser(_chromium(), tmp_path / "profile")
+    try:
+        b.viewport(1200)
+        b.open((tmp_path / "lb" / "diagnostics.html").as_uri())
+        _wait_for_plots(b)
+        assert b.errors() == []
+        marks = dict(b.eval(PLOT_MARKS))
+        assert sorted(k.split("-")[0] for k in marks) == ["box", "hist", "lag", "layer"], marks
+        assert all(n > 0 for n in marks.values()), marks
+        names = dict(b.eval('Array.from(document.querySelectorAll("div.plotly-graph-div")).map(function(d){'
+                            'return [d.id.split("-")[0], d.data.map(function(t){return t.name;})];})'))
+        assert names["lag"] == ["temporal · 256 tokens", "refresh:layer=2 · 256 tokens", "temporal · 32 pages",
+                                "refresh:layer=2 · 32 pages"]
+        assert names["box"] == ["r0", "r1", "r2"]
+        text = b.eval('document.querySelector("table.heterogeneity").innerText')
+        assert "19.00" in text and "3.33" in text  # the per-request means' max and min
+        from test_report import ARTIFACTS
+        ARTIFACTS.mkdir(exist_ok=True)
+        b.screenshot(ARTIFACTS / "diagnostics.png")
+        b.open((tmp_path / "lb" / "diagnostics-definitions.html").as_uri())
+        assert b.errors() == [] and b.eval('!!document.getElementById("mass-recallk")')
+    finally:
+        b.close()
