@@ -10,7 +10,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import cli_types as T
-from .errors import UserError
 from .harness.store_cli import store_option
 from .harness.tables import emit, format_option, info
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from aspire_bench.diagnostics.recall import PAGES, TOKENS, RecallAccumulator, RecallSpec
+from aspire_bench.diagnostics.recall import TOKENS, RecallAccumulator, RecallSpec
 
 L, H, N = 3, 4, 70
 

@@ -103,14 +103,13 @@ class RecallAccumulator:
         every = list(range(L))
         true = scores[t][:, :t].double()
         true = true / true.sum(-1, keepdim=True).clamp_min(1e-300)
-        units = {TOKENS: (true, sp.k_tokens, lambda s: s), PAGES: (page_sums(true, sp.page_size), sp.k_pages,
-                                                                   lambda s: page_sums(s, sp.page_size))}
-        for unit, (mass, ks, unit_scores) in units.items():
+        units = {TOKENS: (true, sp.k_tokens, None), PAGES: (page_sums(true, sp.page_size), sp.k_pages, sp.page_size)}
+        for unit, (mass, ks, page) in units.items():
             if not ks:
                 continue
-            def add(name, source, layers=every):
-                rec = covered(mass[layers], unit_scores(source.double()), ks)
-                self._add(name, unit, ks, layers, rec)
+            def add(name, source, layers=every, mass=mass, ks=ks, page=page, unit=unit):
+                scores_ = source.double() if page is None else page_sums(source.double(), page)
+                self._add(name, unit, ks, layers, covered(mass[layers], scores_, ks))
             if "temporal" in sp.families:
                 for g in sp.lags:
                     add(f"temporal:lag={g}", scores[t - g][:, :t - g + 1])
@@ -121,7 +120,7 @@ class RecallAccumulator:
                 for j in range(L):
                     add(f"refresh:layer={j}", scores[t - 1][j:j + 1, :t], [li for li in every if li != j])
             if "window" in sp.families:
-                sinks = sp.sinks if unit == TOKENS else -(-sp.sinks // sp.page_size)
+                sinks = sp.sinks if page is None else -(-sp.sinks // page)
                 self._add("window", unit, ks, every, window_mass(mass, sinks, ks))
             if "vegas" in sp.families:
                 ms = scores if mean_scores is None else mean_scores

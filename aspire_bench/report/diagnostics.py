@@ -28,7 +28,7 @@ def _heading(run: RunRecord) -> str:
 
 def _recall_section(run: RunRecord) -> str:
     rows = run.info.get("recall", {}).get("rows", [])
-    means = plots._mean_rows(rows)
+    means = plots.mean_recall_rows(rows)
     budgets = list(means)
     preds = list(dict.fromkeys(r["predictor"] for r in rows))
     body = [[cell(p)] + [cell(means[b].get(p), ".3f") for b in budgets] for p in preds]
@@ -38,7 +38,7 @@ def _recall_section(run: RunRecord) -> str:
     return (f"<div class=\"plots\">{''.join(divs)}</div>"
             "<p class=\"note\">mass recall@k, mean over layers; the per-layer figures are in the run's JSON "
             "(<code>aspire-bench export --kind diagnostic</code>)</p>"
-            + table(["predictor", *(plots._budget(u, k) for u, k in budgets)], body, cls="recall"))
+            + table(["predictor", *(plots.budget_label(u, k) for u, k in budgets)], body, cls="recall"))
 
 
 def _heterogeneity_section(run: RunRecord) -> str:
@@ -61,9 +61,9 @@ def _heterogeneity_section(run: RunRecord) -> str:
 
 def render_diagnostics(runs: Sequence[RunRecord], meta: str, scripts: Sequence[str], with_definitions: bool) -> str:
     defs = f"<a href=\"{DEFINITIONS}\">Definitions</a>" if with_definitions else "Definitions"
-    parts = [f"<p class=\"note\">Measurements of a model rather than rankings of decoders: how well each "
-             "sparse view predicts the true attention, and how much accepted draft lengths differ between "
-             f"requests. {defs}: docs/diagnostics.md.</p>"]
+    parts = [(f"<p class=\"note\">Measurements of a model rather than rankings of decoders: how well each "
+              "sparse view predicts the true attention, and how much accepted draft lengths differ between "
+              f"requests. {defs}: docs/diagnostics.md.</p>")]
     if not runs:
         parts.append("<p>No diagnostics in this store: run <code>aspire-bench diagnose recall</code> or "
                      "<code>aspire-bench diagnose heterogeneity</code>.</p>")

@@ -110,7 +110,7 @@ def draft_trajectories(board: Board, div_id: str) -> str | None:
 
 # --- diagnostics (`aspire-bench diagnose`) ---------------------------------------------------------
 
-def _mean_rows(rows: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
+def mean_recall_rows(rows: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
     """{(unit, k): {predictor: recall averaged over layers}}."""
     out: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
@@ -119,7 +119,7 @@ def _mean_rows(rows: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
     return out
 
 
-def _budget(unit: str, k: int) -> str:
+def budget_label(unit: str, k: int) -> str:
     return f"{k} {'tokens' if unit == 'tokens' else 'pages'}"
 
 
@@ -127,18 +127,18 @@ def recall_vs_lag(rows: list[dict], div_id: str) -> str | None:
     """Temporal reuse against its lag, one line per budget; the cross-layer view of the last-but-one layer
     (ASPIRE's refresh, one token back) as a dotted line of the same budget for comparison."""
     fig, lags = go.Figure(), set()
-    for (unit, k), means in _mean_rows(rows).items():
+    for (unit, k), means in mean_recall_rows(rows).items():
         pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("temporal:lag="))
         if not pts:
             continue
         lags.update(g for g, _ in pts)
         fig.add_trace(go.Scatter(x=[g for g, _ in pts], y=[v for _, v in pts], mode="lines+markers",
-                                 name=f"temporal · {_budget(unit, k)}"))
+                                 name=f"temporal · {budget_label(unit, k)}"))
         refresh = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("refresh:layer="))
         if len(refresh) > 1:
             layer, v = refresh[-2]
             fig.add_trace(go.Scatter(x=[pts[0][0], pts[-1][0]], y=[v, v], mode="lines", line_dash="dot",
-                                     name=f"refresh:layer={layer} · {_budget(unit, k)}"))
+                                     name=f"refresh:layer={layer} · {budget_label(unit, k)}"))
     if not fig.data:
         return None
     fig.update_xaxes(type="log", tickvals=sorted(lags))  # the lags themselves, no log-scale minor ticks
@@ -150,12 +150,12 @@ def recall_vs_lag(rows: list[dict], div_id: str) -> str | None:
 def recall_vs_source_layer(rows: list[dict], div_id: str) -> str | None:
     """Cross-layer reuse (same token) and the refresh view (previous token) against their source layer."""
     fig = go.Figure()
-    for (unit, k), means in _mean_rows(rows).items():
+    for (unit, k), means in mean_recall_rows(rows).items():
         for family in ("cross-layer:from=", "refresh:layer="):
             pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith(family))
             if pts:
                 fig.add_trace(go.Scatter(x=[j for j, _ in pts], y=[v for _, v in pts], mode="lines+markers",
-                                         name=f"{family.split(':')[0]} · {_budget(unit, k)}"))
+                                         name=f"{family.split(':')[0]} · {budget_label(unit, k)}"))
     if not fig.data:
         return None
     fig.update_yaxes(range=[0, 1.02])
