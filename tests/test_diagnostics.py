@@ -280,7 +280,7 @@ def test_diagnostics_page_in_headless_browser(tmp_path):
                             'return [d.id.split("-")[0], d.data.map(function(t){return t.name;})];})'))
         assert names["lag"] == ["temporal · 256 tokens", "refresh:layer=2 · 256 tokens", "temporal · 32 pages",
                                 "refresh:layer=2 · 32 pages"]
-        assert names["box"] == ["r0", "r1", "r2"]
+        assert names["box"] == ["0", "1", "2"]
         text = b.eval('document.querySelector("table.heterogeneity").innerText')
         assert "19.00" in text and "3.33" in text  # the per-request means' max and min
         from test_report import ARTIFACTS

@@ -110,6 +110,9 @@ def draft_trajectories(board: Board, div_id: str) -> str | None:
 
 # --- diagnostics (`aspire-bench diagnose`) ---------------------------------------------------------
 
+BUDGET_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's first six
+
+
 def mean_recall_rows(rows: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
     """{(unit, k): {predictor: recall averaged over layers}}."""
     out: dict[tuple[str, int], dict[str, float]] = {}
@@ -127,18 +130,19 @@ def recall_vs_lag(rows: list[dict], div_id: str) -> str | None:
     """Temporal reuse against its lag, one line per budget; the cross-layer view of the last-but-one layer
     (ASPIRE's refresh, one token back) as a dotted line of the same budget for comparison."""
     fig, lags = go.Figure(), set()
-    for (unit, k), means in mean_recall_rows(rows).items():
+    for b, ((unit, k), means) in enumerate(mean_recall_rows(rows).items()):
+        color = BUDGET_COLORS[b % len(BUDGET_COLORS)]  # a budget's lines share a colour
         pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("temporal:lag="))
         if not pts:
             continue
         lags.update(g for g, _ in pts)
         fig.add_trace(go.Scatter(x=[g for g, _ in pts], y=[v for _, v in pts], mode="lines+markers",
-                                 name=f"temporal · {budget_label(unit, k)}"))
+                                 name=f"temporal · {budget_label(unit, k)}", line_color=color))
         refresh = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("refresh:layer="))
         if len(refresh) > 1:
             layer, v = refresh[-2]
             fig.add_trace(go.Scatter(x=[pts[0][0], pts[-1][0]], y=[v, v], mode="lines", line_dash="dot",
-                                     name=f"refresh:layer={layer} · {budget_label(unit, k)}"))
+                                     name=f"refresh:layer={layer} · {budget_label(unit, k)}", line_color=color))
     if not fig.data:
         return None
     fig.update_xaxes(type="log", tickvals=sorted(lags))  # the lags themselves, no log-scale minor ticks
@@ -150,12 +154,13 @@ def recall_vs_lag(rows: list[dict], div_id: str) -> str | None:
 def recall_vs_source_layer(rows: list[dict], div_id: str) -> str | None:
     """Cross-layer reuse (same token) and the refresh view (previous token) against their source layer."""
     fig = go.Figure()
-    for (unit, k), means in mean_recall_rows(rows).items():
-        for family in ("cross-layer:from=", "refresh:layer="):
+    for b, ((unit, k), means) in enumerate(mean_recall_rows(rows).items()):
+        for family, dash in (("cross-layer:from=", "solid"), ("refresh:layer=", "dot")):
             pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith(family))
             if pts:
                 fig.add_trace(go.Scatter(x=[j for j, _ in pts], y=[v for _, v in pts], mode="lines+markers",
-                                         name=f"{family.split(':')[0]} · {budget_label(unit, k)}"))
+                                         name=f"{family.split(':')[0]} · {budget_label(unit, k)}",
+                                         line={"color": BUDGET_COLORS[b % len(BUDGET_COLORS)], "dash": dash}))
     if not fig.data:
         return None
     fig.update_yaxes(range=[0, 1.02])
@@ -178,12 +183,11 @@ def accepted_mean_histogram(requests: list[dict], draft_len: int, div_id: str) -
 def accepted_per_round_box(requests: list[dict], draft_len: int, div_id: str) -> str | None:
     """Each request's accepted drafts round by round: the fluctuation within a request."""
     fig = go.Figure()
-    for r in requests:
-        if r.get("accepted"):
-            fig.add_trace(go.Box(y=r["accepted"], name=r["id"], boxpoints="all", jitter=0.4, pointpos=0,
-                                 showlegend=False))
+    for i, r in enumerate(requests):
+        if r.get("accepted"):  # named by index (request ids are long); the id shows on hover
+            fig.add_trace(go.Box(y=r["accepted"], name=str(i), boxpoints="all", jitter=0.4, pointpos=0,
+                                 showlegend=False, hovertemplate=f"{r['id']}: %{{y}}<extra></extra>"))
     if not fig.data:
         return None
     fig.update_yaxes(range=[-0.5, draft_len + 0.5])
-    fig.update_xaxes(showticklabels=len(fig.data) <= 16)
-    return _div(fig, div_id, "accepted drafts per round, per request", "request", "accepted drafts")
+    return _div(fig, div_id, "accepted drafts per round, per request", "request (index)", "accepted drafts")
