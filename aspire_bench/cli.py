@@ -382,12 +382,14 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
 
 
 def _register_commands():
+    from .diagnose_cli import COMMANDS as diagnose_commands
     from .gate import COMMANDS as gate_commands
     from .harness.store_cli import COMMANDS as store_commands
     from .harness.sweep_cli import COMMANDS as sweep_commands
     from .lm_eval_cli import COMMANDS as lm_eval_commands
     from .report.cli import COMMANDS as report_commands
-    for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands):
+    for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands,
+                *diagnose_commands):
         main.add_command(cmd)
 
 

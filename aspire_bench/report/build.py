@@ -7,7 +7,7 @@ from pathlib import Path
 from plotly.offline import get_plotlyjs
 
 from aspire_bench.errors import UserError
-from aspire_bench.report import definitions, figures
+from aspire_bench.report import definitions, diagnostics, figures
 from aspire_bench.report.html import page
 from aspire_bench.report.leaderboard import build, load_runs
 from aspire_bench.report.pages import PLOTLY_JS, header_meta, render_index, render_run
@@ -31,8 +31,15 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
     sets = figures.repeat_sets(runs)
     for run in runs:
         _write(out / "runs" / f"run-{run.run_id}.html", render_run(run, sets.get((run.group, run.config_hash), ()), now))
+    diags = diagnostics.load_diagnostics(store_path)
+    if diags:  # their own page: a diagnostic measures a model, it ranks no decoder
+        dmeta, docs = header_meta(diags, now), (definitions.DOCS / "diagnostics.md").exists()
+        _write(out / diagnostics.PAGE, diagnostics.render_diagnostics(diags, dmeta, [PLOTLY_JS], docs))
+        if docs:
+            _write(out / diagnostics.DEFINITIONS, page("Diagnostics: definitions", definitions.doc_body("diagnostics.md"),
+                                                        meta=dmeta))
     index = out / "index.html"
-    _write(index, render_index(lb, now))
+    _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags)))
     return index
 
 

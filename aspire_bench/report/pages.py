@@ -107,12 +107,13 @@ def board_section(board: Board) -> str:
             f"<div class=\"plots\">{''.join(plot_divs)}</div>")
 
 
-def render_index(lb: Leaderboards, now: datetime | None = None) -> str:
+def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str = "") -> str:
+    """`diagnostics`: the link to the diagnostics page (HTML), when the store has any."""
     by_model_task: dict[tuple[str, str], list[Board]] = defaultdict(list)
     for b in lb.boards:
         by_model_task[(b.model, b.task)].append(b)
     parts = [("<p class=\"note\">How to read these tables and plots: <a href=\"leaderboard.html\">leaderboard "
-              "guide</a>. Every column header links to its exact definition.</p>")]
+              "guide</a>. Every column header links to its exact definition.</p>"), diagnostics]
     if not lb.boards:
         parts.append("<p>No successful runs in this store yet.</p>")
     toc = "".join(f"<li><a href=\"#{esc(b.slug)}\">{esc(b.title)}</a> ({len(b.rows)} decoders)</li>" for b in lb.boards)

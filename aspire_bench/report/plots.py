@@ -106,3 +106,88 @@ def draft_trajectories(board: Board, div_id: str) -> str | None:
     if not fig.data:
         return None
     return _div(fig, div_id, "draft length over a request (ASPIRE scheduler)", "verification #", "draft length")
+
+
+# --- diagnostics (`aspire-bench diagnose`) ---------------------------------------------------------
+
+BUDGET_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's first six
+
+
+def mean_recall_rows(rows: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
+    """{(unit, k): {predictor: recall averaged over layers}}."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        if r["layer"] == "mean":
+            out.setdefault((r["unit"], r["k"]), {})[r["predictor"]] = r["recall"]
+    return out
+
+
+def budget_label(unit: str, k: int) -> str:
+    return f"{k} {'tokens' if unit == 'tokens' else 'pages'}"
+
+
+def recall_vs_lag(rows: list[dict], div_id: str) -> str | None:
+    """Temporal reuse against its lag, one line per budget; the cross-layer view of the last-but-one layer
+    (ASPIRE's refresh, one token back) as a dotted line of the same budget for comparison."""
+    fig, lags = go.Figure(), set()
+    for b, ((unit, k), means) in enumerate(mean_recall_rows(rows).items()):
+        color = BUDGET_COLORS[b % len(BUDGET_COLORS)]  # a budget's lines share a colour
+        pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("temporal:lag="))
+        if not pts:
+            continue
+        lags.update(g for g, _ in pts)
+        fig.add_trace(go.Scatter(x=[g for g, _ in pts], y=[v for _, v in pts], mode="lines+markers",
+                                 name=f"temporal · {budget_label(unit, k)}", line_color=color))
+        refresh = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith("refresh:layer="))
+        if len(refresh) > 1:
+            layer, v = refresh[-2]
+            fig.add_trace(go.Scatter(x=[pts[0][0], pts[-1][0]], y=[v, v], mode="lines", line_dash="dot",
+                                     name=f"refresh:layer={layer} · {budget_label(unit, k)}", line_color=color))
+    if not fig.data:
+        return None
+    fig.update_xaxes(type="log", tickvals=sorted(lags))  # the lags themselves, no log-scale minor ticks
+    fig.update_yaxes(range=[0, 1.02])
+    return _div(fig, div_id, "mass recall of temporal reuse vs lag (mean over layers)", "lag (tokens)",
+                "mass recall@k")
+
+
+def recall_vs_source_layer(rows: list[dict], div_id: str) -> str | None:
+    """Cross-layer reuse (same token) and the refresh view (previous token) against their source layer."""
+    fig = go.Figure()
+    for b, ((unit, k), means) in enumerate(mean_recall_rows(rows).items()):
+        for family, dash in (("cross-layer:from=", "solid"), ("refresh:layer=", "dot")):
+            pts = sorted((int(p.split("=")[1]), v) for p, v in means.items() if p.startswith(family))
+            if pts:
+                fig.add_trace(go.Scatter(x=[j for j, _ in pts], y=[v for _, v in pts], mode="lines+markers",
+                                         name=f"{family.split(':')[0]} · {budget_label(unit, k)}",
+                                         line={"color": BUDGET_COLORS[b % len(BUDGET_COLORS)], "dash": dash}))
+    if not fig.data:
+        return None
+    fig.update_yaxes(range=[0, 1.02])
+    return _div(fig, div_id, "mass recall vs source layer (mean over the layers it predicts)", "source layer",
+                "mass recall@k")
+
+
+def accepted_mean_histogram(requests: list[dict], draft_len: int, div_id: str) -> str | None:
+    """How the per-request mean accepted drafts spread (the paper: 2.56 to 20.00 of 20)."""
+    means = [r["mean"] for r in requests if r.get("mean") is not None]
+    if not means:
+        return None
+    fig = go.Figure(go.Histogram(x=means, xbins={"start": 0, "end": draft_len + 1e-9, "size": max(draft_len / 20, 0.5)},
+                                 name="requests", hovertemplate="%{x}: %{y} requests<extra></extra>"))
+    fig.update_xaxes(range=[0, draft_len])
+    return _div(fig, div_id, f"mean accepted drafts per request (D = {draft_len})", "accepted drafts per round",
+                "requests")
+
+
+def accepted_per_round_box(requests: list[dict], draft_len: int, div_id: str) -> str | None:
+    """Each request's accepted drafts round by round: the fluctuation within a request."""
+    fig = go.Figure()
+    for i, r in enumerate(requests):
+        if r.get("accepted"):  # named by index (request ids are long); the id shows on hover
+            fig.add_trace(go.Box(y=r["accepted"], name=str(i), boxpoints="all", jitter=0.4, pointpos=0,
+                                 showlegend=False, hovertemplate=f"{r['id']}: %{{y}}<extra></extra>"))
+    if not fig.data:
+        return None
+    fig.update_yaxes(range=[-0.5, draft_len + 0.5])
+    return _div(fig, div_id, "accepted drafts per round, per request", "request (index)", "accepted drafts")
