@@ -1,8 +1,16 @@
 """Shared fixtures: random-init tiny checkpoints of each supported family, saved as HF directories
-and loaded back through the user-facing loader."""
+and loaded back through the user-facing loader; and the seeds every test's random inputs come from.
+
+Seeds are fixed, so a run is reproducible: each test starts with torch, numpy and `random` seeded
+from its own name, and the `seed` fixture gives a test that builds its own generators the same
+number. `ASPIRE_BENCH_FUZZ=1` (or `=N` for a chosen base) draws fresh seeds instead, so repeated
+runs search new random inputs; the base is printed in the header and a failing test's report
+names its seed, so `ASPIRE_BENCH_FUZZ=<base>` replays it.
+"""
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -11,10 +19,43 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ASPIRE's calibrations made by the tests (on toy models, under test load) stay out of the user's cache.
 os.environ.setdefault("ASPIRE_BENCH_CALIBRATION_DIR", tempfile.mkdtemp(prefix="aspire-bench-calibration-"))
 
+import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(2)
+
+from seeds import FUZZ_BASE, seed_for
+
+
+def pytest_report_header(config):
+    return (f"random inputs: fuzz mode, base seed {FUZZ_BASE} (replay: ASPIRE_BENCH_FUZZ={FUZZ_BASE})"
+            if FUZZ_BASE else "random inputs: fixed seeds (ASPIRE_BENCH_FUZZ=1 draws fresh ones)")
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's seed: fixed (from the test's name), or fresh in fuzz mode."""
+    s = seed_for(request.node.nodeid)
+    request.node.user_properties.append(("seed", s))
+    return s
+
+
+@pytest.fixture(autouse=True)
+def _seeded(seed):
+    """Global RNGs seeded per test, so no test depends on which ran before it."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seeds = [v for k, v in item.user_properties if k == "seed"]
+    if report.failed and seeds:
+        report.sections.append(("random inputs", f"seed {seeds[0]} (fuzz base {FUZZ_BASE})"))
 
 COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
