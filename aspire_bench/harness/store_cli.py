@@ -74,14 +74,15 @@ def runs(store_path, limit, fmt, **filters):
         emit([], fmt, data=json.loads(frame.to_json(orient="records")))
         return
     table = Table(title=f"runs in {escape(str(store_path))}")
-    for header in ("id", "created", "status", "decoder", "model", "task", "context", "batch", "sweep/tag", "group"):
+    for header in ("id", "created", "status", "kind", "decoder", "model", "task", "context", "batch", "sweep/tag",
+                   "group"):
         table.add_column(header, overflow="fold", justify="right" if header in ("id", "batch") else "left")
     for header, _ in LIST_FIGURES:
         table.add_column(header, justify="right")
     for s in frame.to_dict("records"):
         label = "/".join(str(x) for x in (s["sweep"], s["tag"]) if _given(x))
         table.add_row(str(s["run_id"]), _fmt(str(s["created_at"])[:16].replace("T", " ")), _fmt(s["status"]),
-                      *(_fmt(s.get(k)) for k in ("decoder", "model", "task", "context_len", "batch_size")),
+                      _fmt(s["kind"]), *(_fmt(s.get(k)) for k in ("decoder", "model", "task", "context_len", "batch_size")),
                       _fmt(label or None), _fmt(s["group"]), *(_fmt(s.get(name)) for _, name in LIST_FIGURES))
     emit(table, fmt)
 
@@ -100,7 +101,8 @@ def show(run_id, store_path, fmt):
     step trace)."""
     with _open(store_path) as store:
         rec = store.get_run(run_id)
-    run = {"run": rec.run_id, "created": rec.created_at, "status": rec.status, "config_hash": rec.config_hash,
+    run = {"run": rec.run_id, "created": rec.created_at, "status": rec.status, "kind": rec.kind,
+           "config_hash": rec.config_hash,
            "group": rec.group, "sweep": rec.sweep, "tag": rec.tag, **({"error": rec.error} if rec.error else {})}
     data = {k: v for k, v in rec.to_json().items() if k != "steps"}
     # Every cell goes through _fmt (escaped): store text is shown literally, never as markup.
