@@ -14,7 +14,7 @@ from ..tasks import get_task
 from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
-from .parity import check_tolerance, compare_runs, resolve_tolerance
+from .parity import against_ar, check_tolerance
 from .schema import check_run_settings
 from .store import check_store_path, save_record
 
@@ -195,46 +195,38 @@ def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> Generatio
                      f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 
-def decode_samples(outputs: list[GenerationOutput]) -> list[list]:
-    """[request id, repeat, generated tokens, charged decode seconds] per request per repeat."""
-    return [[rid, i, tok, sec] for i, o in enumerate(outputs)
-            for rid, (tok, sec) in metrics.request_decode_times(o).items()]
-
-
 def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = None, group: str | None = None,
            sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
-           percentiles=metrics.DEFAULT_PERCENTILES) -> RunResult:
-    """Scores, parity and the stored record of a run's measured repeats."""
+           percentiles=metrics.DEFAULT_PERCENTILES, ar=None, parity_tolerance: float | None = None) -> RunResult:
+    """Scores, parity and the stored record of a run's measured repeats. ar: AR's results on the same
+    requests (RequestResults or stored RequestRows) to compare with, e.g. the AR run of a bench cell, at
+    parity_tolerance (None: cfg's); without it, --parity compares with the oracle's reference, the run
+    itself (AR) or a fresh AR run."""
     cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
     rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
-    median = statistics.median_low(rates)
-    output = outputs[rates.index(median)]  # the median repeat's requests and trace are stored
+    output = outputs[rates.index(statistics.median_low(rates))]  # the median repeat's requests and trace
 
     parity = None
-    if cfg.parity:
+    if cfg.parity or ar is not None:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
-        ar = p.reference
         if ar is None:
-            ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
-                                                               "parity (ar)", show_progress)
-        tolerance = resolve_tolerance(cfg.parity_tolerance, engine.dtype)
-        parity = compare_runs(output.results, ar.results, tolerance)
+            ref = p.reference
+            if ref is None:
+                ref = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
+                                                                    "parity (ar)", show_progress)
+            ar = ref.results
+        tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance
+        parity = against_ar(output.results, ar, tolerance, engine.dtype)
     tok = engine.tokenizer
     eos = set(engine.cfg.eos_token_ids) if cfg.eos_ignored else set()
     texts = {r.id: tok.decode(_until_eos(r.output_ids, eos), skip_special_tokens=True) for r in output.results}
     scores = {s.id: p.task.score(s, texts[s.id]) for s in p.samples}
-    config = cfg.identity()  # resolved decoder settings go to record.info (may include fitted values)
-    record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs},
+    # Resolved decoder settings go to record.info (may include fitted values), not to the config.
+    record = records.from_output(cfg.identity(), output, {r.id: len(r.prompt_ids) for r in reqs},
                                  records.capture_environment(), texts=texts, scores=scores, parity=parity,
-                                 sweep=sweep, tag=tag, group=group, percentiles=percentiles)
-    record.aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
-    record.aggregates["repeats"] = cfg.repeat
-    if parity is not None:
-        record.aggregates["parity_tolerance"] = tolerance
-    record.info.update(p.info)
-    record.info["decode_samples"] = decode_samples(outputs)
-    record.env["attention_backend"] = engine.backend.name
+                                 repeats=outputs, info=p.info, backend=engine.backend.name, sweep=sweep, tag=tag,
+                                 group=group, percentiles=percentiles)
     run_id = None
     if store is not None:
         run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
