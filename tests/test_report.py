@@ -423,8 +423,8 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
 def test_speedup_reference_is_the_same_setup_in_the_same_group():
     """Runner-style configs (decoder name + decoder_args): the AR reference shares everything but the
     decoder and how it was measured (parity, repeats), e.g. the batch size."""
+    from aspire_bench.harness import figures
     from aspire_bench.harness.records import RunRecord, config_hash
-    from aspire_bench.report import figures
 
     def rec(run_id, decoder, tok_s, batch, group="g", **extra):
         config = {"model": "tiny", "decoder": decoder, "decoder_args": {"gamma": 4} if decoder != "ar" else {},

@@ -207,7 +207,7 @@ def test_list_filters_group_limit_and_config_hash(tmp_path):
         assert [r["run_id"] for r in s.list_runs(decoder="ar")] == [ar, other]
         assert [r["run_id"] for r in s.list_runs(limit=2)] == [sp, other]
         h = config_hash(make_record(1, decoder="ar").config)
-        assert [r["run_id"] for r in s.find_by_config_hash(h)] == [other]
+        assert [r["run_id"] for r in s.list_runs(config_hash=h)] == [other]
         assert s.list_runs(group="g1")[1]["aggregates"]["mean_accepted_len"] == pytest.approx(3.5)
         with pytest.raises(TypeError):
             s.list_runs(colour="red")

@@ -5,15 +5,13 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from ..decoders import Request, SamplingParams, get_decoder
+from ..decoders import SamplingParams, get_decoder
 from ..decoders.base import GenerationOutput
 from ..engine import Engine
 from ..errors import ConfigError
-from ..progress import TokenProgress
 from ..tasks import get_task
-from ..tasks.base import encode_prompt
-from ..tasks.buckets import parse_bucket
 from . import metrics, records
+from .generation import build_requests, generate
 from .parity import against_ar, check_tolerance
 from .schema import check_run_settings
 from .store import check_store_path, save_record
@@ -98,33 +96,6 @@ def _load_engine(model: str, dtype: str, device: str, attention_backend: str, ro
     return Engine.from_pretrained(model, dtype, device, attention_backend, rope_scaling=rope)
 
 
-def build_requests(cfg: RunConfig, engine: Engine):
-    if engine.tokenizer is None:
-        raise ConfigError(f"{cfg.model} has no tokenizer files; tasks need one")
-    task = get_task(cfg.task)
-    max_new = cfg.max_new_tokens or task.default_max_new_tokens
-    if cfg.context_len:
-        lo, _ = parse_bucket(cfg.context_len)
-        if lo + max_new > engine.max_context:
-            raise ConfigError(
-                f"context {cfg.context_len} ({lo} tokens) + {max_new} new tokens is longer than the model's "
-                f"maximum context of {engine.max_context}: choose a shorter --context-len or another model")
-    samples = task.samples(engine.tokenizer, limit=cfg.limit, context_len=cfg.context_len, seed=cfg.seed,
-                           data_path=cfg.data, max_length=engine.max_context - max_new)
-    if not samples:
-        raise ConfigError(f"task {cfg.task} produced no samples for context {cfg.context_len!r}: "
-                          "choose another --context-len")
-    reqs = [Request(s.id, encode_prompt(engine.tokenizer, s), max_new) for s in samples]
-    return task, samples, reqs
-
-
-def _generate(decoder, decoder_args, engine, reqs, params, batch_size, label, show) -> GenerationOutput:
-    """`decoder`: a decoder object (run as is: decoders keep no state between runs) or a name."""
-    dec = get_decoder(decoder, **decoder_args) if isinstance(decoder, str) else decoder
-    with TokenProgress(sum(r.max_new_tokens for r in reqs), label, disable=not show) as bar:
-        return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
-
-
 @dataclass
 class Prepared:
     """A run ready to measure: requests built, decoder settings resolved (tuned), warm-up done."""
@@ -167,7 +138,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
         if not params.greedy:
             raise ConfigError(f"{cfg.decoder} knows the target's tokens only under greedy decoding: "
                               "use --temperature 0")
-        p.reference = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
+        p.reference = generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
         for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
     p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
@@ -181,17 +152,17 @@ def warm_up(p: Prepared) -> None:
     every prompt is prefilled here too, so no measured run (the first decoder of a group) pays prefills
     that the others get from the cache."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    _generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
+    generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
     if p.engine.prefix_cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
         if prime:
-            _generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
+            generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
 
 
 def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> GenerationOutput:
     """Measured repeat i: its own sampling seed (seed + i), the same requests."""
     params = replace(p.params, seed=p.cfg.seed + i)
-    return _generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
+    return generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
                      f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 
@@ -213,7 +184,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
         if ar is None:
             ref = p.reference
             if ref is None:
-                ref = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
+                ref = output if cfg.decoder == "ar" else generate("ar", {}, engine, reqs, params, cfg.batch_size,
                                                                     "parity (ar)", show_progress)
             ar = ref.results
         tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta
-from .torch_ref import _SDPA_MIN_QUERIES, TorchAttention
+from .base import PAGE_MAX_SUM, SDPA_MIN_QUERIES, TOKEN_MEAN, AttentionMeta
+from .torch_ref import TorchAttention
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
 _BLOCK = 64  # the kernel's key block (BK): a captured token's score row is padded to whole blocks
@@ -232,11 +232,9 @@ class CpuAttention:
         desc, idx, rest, idx_off = [], [], [], 0
         cap_rows, cap_desc, qsel, out_sizes, sbuf_size = [], [], [], [], 0
         for i, r in enumerate(meta.rows):
-            sp = r.sparse[layer] if r.sparse else None
-            capture = layer in r.capture_layers
-            if capture and sp is not None:
-                raise ValueError("attention scores can only be captured at a full-attention layer")
-            if r.n >= _SDPA_MIN_QUERIES:
+            sp = r.view(layer)
+            capture = r.captures_at(layer)
+            if r.n >= SDPA_MIN_QUERIES:
                 rest.append(i)
                 continue
             L = r.start + r.n if sp is None else sp.numel()
@@ -295,7 +293,7 @@ class CpuAttention:
             captures = dict(zip(plan.cap_rows, scores.split(plan.cap_sizes)))
         for i in plan.rest:
             row = meta.rows[i]
-            o, row_scores = self._ref._row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
+            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
                                            meta)
             out[row.q_start:row.q_start + row.n] = o
             if row_scores is not None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from aspire_bench.errors import UserError
 
 from .base import Sample, Task, encode_prompt
-from .buckets import STANDARD_BUCKETS, parse_bucket
+from .buckets import parse_bucket
 
-__all__ = ["STANDARD_BUCKETS", "Sample", "Task", "describe_tasks", "encode_prompt", "get_task", "list_tasks",
+__all__ = ["Sample", "Task", "describe_tasks", "encode_prompt", "get_task", "list_tasks",
            "parse_bucket"]
 
 _REGISTRY: dict[str, Task] | None = None
