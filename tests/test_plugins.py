@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parent / "fixtures" / "example_decoder_plugin"
 
 def cli(*args, site: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
-    return subprocess.run([sys.executable, "-m", "aspire_bench.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "aspire_bench.cli", *args], capture_output=True, text=True, check=False,
                           cwd=cwd, env=env, timeout=600)
 
 
@@ -28,7 +28,8 @@ def example_site(tmp_path_factory) -> Path:
     src = shutil.copytree(EXAMPLE, tmp / "src")  # pip builds in the source tree: keep the fixture clean
     site = tmp / "site"
     res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(site), str(src)], capture_output=True, text=True, timeout=300)
+                          "--no-index", "--target", str(site), str(src)], capture_output=True, text=True, check=False,
+                          timeout=300)
     assert res.returncode == 0, res.stderr
     assert (next(site.glob("aspire_example_decoder-*.dist-info")) / "entry_points.txt").exists()
     return site
