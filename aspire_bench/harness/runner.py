@@ -163,7 +163,7 @@ def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> Generatio
     """Measured repeat i: its own sampling seed (seed + i), the same requests."""
     params = replace(p.params, seed=p.cfg.seed + i)
     return generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
-                     f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
+                    f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 
 def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = None, group: str | None = None,
@@ -185,7 +185,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
             ref = p.reference
             if ref is None:
                 ref = output if cfg.decoder == "ar" else generate("ar", {}, engine, reqs, params, cfg.batch_size,
-                                                                    "parity (ar)", show_progress)
+                                                                   "parity (ar)", show_progress)
             ar = ref.results
         tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance
         parity = against_ar(output.results, ar, tolerance, engine.dtype)
