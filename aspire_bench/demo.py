@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from .harness.sweep import expand, run_sweep
-from .harness.sweep_cli import print_sweep_summary
+from .harness.tables import print_sweep_summary
 
 DEMO_SWEEP = Path(__file__).parent / "sweeps" / "demo.yaml"
 

@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.table import Table
 
 from aspire_bench.errors import UserError
+from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
 from aspire_bench.harness.store import DEFAULT_PATH, Store
-from aspire_bench.report import figures
 
 FORMAT = "aspire-bench-gate-baseline"
 VERSION = 1

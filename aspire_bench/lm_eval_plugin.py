@@ -416,7 +416,7 @@ class AspireLM(TemplateLM):
         return {rid: self.cut_at_stops(text, stops) for rid, text in raw.items()}
 
     def _record(self, instances, reqs, output, texts, params, max_new, stops, full) -> None:
-        from .harness.parity import compare_runs, resolve_tolerance
+        from .harness.parity import against_ar
         parity, ar = None, None
         if self.ar_reference and self.decoder_name != "ar":
             # AR on the same requests, stored in the same group: the decoder's speedup over it is then
@@ -431,8 +431,7 @@ class AspireLM(TemplateLM):
                     ar = output
                 elif ar is None:
                     ar = self._decode(get_decoder("ar"), reqs, params, True)
-                tolerance = resolve_tolerance(self.parity_tolerance, self.engine.dtype)
-                parity = compare_runs(output.results, ar.results, tolerance)
+                parity = against_ar(output.results, ar.results, self.parity_tolerance, self.engine.dtype)
         self._save(instances, reqs, output, texts, params, max_new, self.decoder_name, self.decoder_args, parity)
 
     def _save(self, instances, reqs, output, texts, params, max_new, decoder, decoder_args, parity) -> None:
@@ -454,7 +453,7 @@ class AspireLM(TemplateLM):
             env["lm_eval"] = version("lm_eval")
         except PackageNotFoundError:
             env["lm_eval"] = None
-        env["attention_backend"] = self.engine.backend.name
         record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs}, env,
-                                     texts=texts, parity=parity, tag=self.tag, group=self.group)
+                                     texts=texts, parity=parity, backend=self.engine.backend.name, tag=self.tag,
+                                     group=self.group)
         save_record(self.store, record)  # a recovery JSONL beside the store if saving fails

@@ -161,13 +161,13 @@ def rel_err(a, b) -> float:
 
 def run_checks(dev, small: int = 1) -> list[dict]:
     """small > 1 shrinks contexts and skips the 2^31 pool (CPU smoke run)."""
-    from aspire_bench.kernels import triton_attention as ta
+    from aspire_bench.kernels import triton_common as tc
     from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
     from aspire_bench.kernels.torch_ref import TorchAttention
     from aspire_bench.kernels.triton_backend import TritonAttention
 
-    real_empty = ta._empty
-    ta._empty = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
+    real_empty = tc.empty
+    tc.empty = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
     out = []
 
     def check(name, a, b, bound):
@@ -216,7 +216,7 @@ def run_checks(dev, small: int = 1) -> list[dict]:
         check("attn bf16 pool > 2^31 elements (int64 offsets)", got, ref, RTOL[dtype])
         del k, v
     finally:
-        ta._empty = real_empty
+        tc.empty = real_empty
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return out

@@ -22,12 +22,12 @@ from kernel_cases import capture_at_layer0, make_batch, rel_err
 from seeds import seed_for
 
 from aspire_bench.errors import ConfigError
-from aspire_bench.kernels import cpu_attention, get_backend
+from aspire_bench.kernels import cpu_attention, cpu_build, get_backend
 from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
 from aspire_bench.kernels.cpu_attention import CpuAttention, KernelBuildError
 
 try:
-    cpu_attention._compiler()
+    cpu_build.compiler()
 except KernelBuildError as e:  # pragma: no cover
     pytest.skip(f"no C++ compiler ({e}): the CPU kernel is untested here", allow_module_level=True)
 
@@ -176,7 +176,7 @@ def built_library(tmp_path_factory):
     """One library built for the cache tests, copied into each test's fresh cache."""
     kernels = tmp_path_factory.mktemp("built") / "kernels"
     kernels.mkdir(mode=0o700)
-    lib = cpu_attention._build(cpu_attention._compiler(), kernels)
+    lib = cpu_attention.build(cpu_build.compiler(), kernels)
     return lib, lib.with_name(lib.name + ".sha256")
 
 
@@ -204,7 +204,7 @@ def assert_kernel_works(seed=SEED):
 
 def test_cached_library_is_reused(cache):
     mtime = cache.stat().st_mtime_ns
-    assert cpu_attention._build(cpu_attention._compiler()) == cache and cache.stat().st_mtime_ns == mtime
+    assert cpu_attention.build(cpu_build.compiler()) == cache and cache.stat().st_mtime_ns == mtime
     assert loaded_path(cpu_attention.load_library()) == cache
     assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".sha256"]  # no temporaries
 
@@ -264,7 +264,7 @@ def test_untrusted_cache_is_not_used(cache, monkeypatch, how):
     elif how == "world_writable_dir":
         cache.parent.chmod(0o707)
     elif how == "other_owner":
-        monkeypatch.setattr(cpu_attention, "_uid", lambda: os.getuid() + 1)
+        monkeypatch.setattr(cpu_build, "_uid", lambda: os.getuid() + 1)
     else:
         cache.chmod(0o666)
     if how == "writable_file":  # a trusted directory: the file is rebuilt in place

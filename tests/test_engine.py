@@ -250,15 +250,15 @@ def test_dense_backend_choice(checkpoints, monkeypatch):
 def test_dense_auto_without_a_compiler_falls_back_with_one_warning(checkpoints, monkeypatch):
     """No C++ compiler: auto runs the fused path after one warning; asking for cpp is a one-line error."""
     from aspire_bench.engine import model as model_module
-    from aspire_bench.kernels import cpu_attention, cpu_dense
+    from aspire_bench.kernels import cpu_build, cpu_dense
     path, _ = checkpoints["qwen3"]
     monkeypatch.setattr(cpu_dense, "_lib", None)
     monkeypatch.setattr(model_module, "_warned_fallback", False)
     monkeypatch.delenv("ASPIRE_BENCH_DENSE", raising=False)
 
     def no_compiler():
-        raise cpu_attention.KernelBuildError("no compiler")
-    monkeypatch.setattr(cpu_dense, "_compiler", no_compiler)
+        raise cpu_build.KernelBuildError("no compiler")
+    monkeypatch.setattr(cpu_build, "compiler", no_compiler)
     with pytest.warns(UserWarning, match="(?s)needs a C\\+\\+ compiler.*falling back to the fused"):
         assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"
     with warnings.catch_warnings():

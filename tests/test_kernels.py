@@ -25,9 +25,9 @@ from kernel_cases import capture_at_layer0, make_batch, meta_of, rel_err
 
 from aspire_bench.kernels import get_backend
 from aspire_bench.kernels import triton_attention as ta
+from aspire_bench.kernels import triton_common as tc
 from aspire_bench.kernels.base import PAGE_MAX_SUM, TOKEN_MEAN
 from aspire_bench.kernels.triton_backend import TritonAttention
-from aspire_bench.kernels.triton_scores import select_pages
 
 if type(ta._attn_fwd).__name__ != "InterpretedFunction":  # pragma: no cover
     pytest.skip("the kernels were compiled for a GPU before this module set TRITON_INTERPRET=1 "
@@ -42,7 +42,7 @@ RTOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 def poison(monkeypatch):
     def nan_empty(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    monkeypatch.setattr(ta, "_empty", nan_empty)
+    monkeypatch.setattr(tc, "empty", nan_empty)
 
 
 def run_both(q, k, v, rows, d, layer=0, page_size=16, **kw):
@@ -135,14 +135,6 @@ def test_plan_is_shared_by_layers_with_the_same_views():
 
 def test_capture_on_sparse_layer_is_refused():
     kernel_cases.refuses_capture_on_sparse_layer(TritonAttention())
-
-
-def test_select_pages_keeps_recent_and_top():
-    scores = torch.tensor([5.0, 0.1, 4.0, 0.2, 3.0, 0.3, 9.0, 9.0])
-    assert select_pages(scores, 4, 2).tolist() == [0, 2, 6, 7]
-    assert select_pages(scores, 3, 1).tolist() == [0, 6, 7]  # page 6 is top-scored, 7 recent
-    assert select_pages(scores, 2, 8).tolist() == [6, 7]  # recent pages alone fill the budget
-    assert select_pages(scores, 20, 2).tolist() == list(range(8))
 
 
 def test_get_backend_returns_triton():

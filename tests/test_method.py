@@ -71,7 +71,7 @@ def test_sampled_run_does_equal_work_unless_opted_out(random_tiny):
     assert all(len(r.output_ids) == 12 or r.output_ids[-1] == eos for r in unequal.requests)
     greedy = RunConfig(**{**base, "temperature": 0.0})
     assert RunConfig(**base).eos_ignored and not greedy.eos_ignored  # greedy: the same tokens, EOS kept
-    from aspire_bench.report.figures import unequal_work
+    from aspire_bench.harness.figures import unequal_work
     assert not unequal_work(equal) and unequal_work(unequal)
 
 

@@ -27,7 +27,7 @@ from aspire_bench.decoders.base import (
     RowTrace,
     StepTrace,
 )
-from aspire_bench.harness.parity import compare
+from aspire_bench.harness.parity import RunParity, compare
 from aspire_bench.harness.records import from_output
 from aspire_bench.harness.store import Store
 from aspire_bench.report import write_report
@@ -74,7 +74,7 @@ def make_run(decoder: str, decode_wall: float, *, group: str = "g1", context: st
               "task": "needle", "context_len": context, "batch_size": 3, "seed": seed}
     return from_output(config, out, {r: prompt_len for r in REQUESTS}, ENV,
                        texts={r: f"answer <{r}>" for r in REQUESTS}, scores={r: score for r in REQUESTS},
-                       parity=par or None, group=group)
+                       parity=RunParity(par, 1e-3) if par else None, group=group)
 
 
 @pytest.fixture(scope="module")
@@ -423,8 +423,8 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
 def test_speedup_reference_is_the_same_setup_in_the_same_group():
     """Runner-style configs (decoder name + decoder_args): the AR reference shares everything but the
     decoder and how it was measured (parity, repeats), e.g. the batch size."""
+    from aspire_bench.harness import figures
     from aspire_bench.harness.records import RunRecord, config_hash
-    from aspire_bench.report import figures
 
     def rec(run_id, decoder, tok_s, batch, group="g", **extra):
         config = {"model": "tiny", "decoder": decoder, "decoder_args": {"gamma": 4} if decoder != "ar" else {},

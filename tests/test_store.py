@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from aspire_bench.decoders.base import PREFILL, VERIFY, GenerationOutput, RequestResult, RowTrace, StepTrace
 from aspire_bench.errors import UserError
 from aspire_bench.harness import records, store
-from aspire_bench.harness.parity import compare
+from aspire_bench.harness.parity import RunParity, compare
 from aspire_bench.harness.records import RunRecord, config_hash, from_output
 from aspire_bench.harness.store import Store
 from aspire_bench.harness.store_cli import COMMANDS
@@ -37,9 +37,9 @@ def make_record(i: int = 0, decoder: str = "aspire", **kw) -> RunRecord:
     config = {"decoder": {"name": decoder, "gamma": 3}, "model": "tiny", "task": "synthetic", "seed": i}
     return from_output(config, out, {"r0": 8, "r1": 8}, ENV, texts={"r0": "a b", "r1": "c"},
                        scores={"r0": 1.0, "r1": None},
-                       parity={"r0": compare([5, 6, 7, 8], [5, 6, 9, 8], {"margins": [1.0, 2.0, 0.004, 3.0],
-                                             "runner_up": [0, 0, 7, 0], "top_logit": [5.0] * 4}, 1e-3),
-                               "r1": compare([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], {}, 1e-3)},
+                       parity=RunParity({"r0": compare([5, 6, 7, 8], [5, 6, 9, 8], {"margins": [1.0, 2.0, 0.004, 3.0],
+                                                       "runner_up": [0, 0, 7, 0], "top_logit": [5.0] * 4}, 1e-3),
+                                         "r1": compare([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], {}, 1e-3)}, 1e-3),
                        **kw)
 
 
@@ -207,7 +207,7 @@ def test_list_filters_group_limit_and_config_hash(tmp_path):
         assert [r["run_id"] for r in s.list_runs(decoder="ar")] == [ar, other]
         assert [r["run_id"] for r in s.list_runs(limit=2)] == [sp, other]
         h = config_hash(make_record(1, decoder="ar").config)
-        assert [r["run_id"] for r in s.find_by_config_hash(h)] == [other]
+        assert [r["run_id"] for r in s.list_runs(config_hash=h)] == [other]
         assert s.list_runs(group="g1")[1]["aggregates"]["mean_accepted_len"] == pytest.approx(3.5)
         with pytest.raises(TypeError):
             s.list_runs(colour="red")

@@ -18,8 +18,13 @@ from aspire_bench.tasks import Sample, describe_tasks, encode_prompt, get_task, 
 from aspire_bench.tasks.aime import score_aime
 from aspire_bench.tasks.code_completion import code_similarity
 from aspire_bench.tasks.longbench_v2 import TEMPLATE_0SHOT, extract_choice
-from aspire_bench.tasks.needle import starts_with_answer
-from aspire_bench.tasks.scoring import boxed_contents, code_sim_score, edit_similarity, levenshtein
+from aspire_bench.tasks.scoring import (
+    boxed_contents,
+    code_sim_score,
+    edit_similarity,
+    levenshtein,
+    starts_with_answer,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "tasks"
 ROOT = Path(__file__).resolve().parents[1]

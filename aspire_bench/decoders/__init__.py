@@ -1,6 +1,12 @@
-"""Decoders: what each schedules on the shared engine. Registry by name."""
+"""Decoders: what each schedules on the shared engine. Registry by name: the built-ins below, then
+plug-ins from other packages (entry point group `aspire_bench.decoders`, docs/adding-a-decoder.md)."""
 from __future__ import annotations
 
+import importlib
+import inspect
+from functools import cache
+
+from .. import plugins
 from ..errors import ConfigError
 from .base import Decoder, GenerationOutput, Request, RequestResult, SamplingParams  # noqa: F401
 from .settings import check_settings, parse_value  # noqa: F401
@@ -21,16 +27,31 @@ _REGISTRY = {
 }
 
 
+@cache
+def _plugins() -> dict:
+    return plugins.discover(plugins.DECODERS, _REGISTRY, "decoder")
+
+
 def decoder_names() -> list[str]:
-    return list(_REGISTRY)
+    return [*_REGISTRY, *_plugins()]
+
+
+def _decoder_class(name: str) -> tuple[type, dict]:
+    if name in _REGISTRY:
+        module, cls, defaults = _REGISTRY[name]
+        return getattr(importlib.import_module(module), cls), defaults
+    if name in _plugins():
+        ep = _plugins()[name]
+        klass = plugins.load(ep, "decoder")
+        if not inspect.isclass(klass) or not callable(getattr(klass, "generate", None)):
+            raise ConfigError(f"the decoder plug-in {name!r} of package {plugins.package_of(ep)} names "
+                              f"{ep.value}, which is not a decoder class (one with a generate method)")
+        return klass, {}
+    raise ConfigError(f"unknown decoder {name!r}: choose one of {', '.join(decoder_names())}")
 
 
 def get_decoder(name: str, **settings) -> Decoder:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown decoder {name!r}: choose one of {', '.join(_REGISTRY)}")
-    import importlib
-    module, cls, defaults = _REGISTRY[name]
-    klass = getattr(importlib.import_module(module), cls)
+    klass, defaults = _decoder_class(name)
     check_settings(name, klass, {**defaults, **settings})
     try:
         dec = klass(**{**defaults, **settings})

@@ -73,10 +73,6 @@ class Row:
             return TokenView(self.view.positions[layer])
         return self.view
 
-    @property
-    def is_sparse(self) -> bool:
-        return self.view is not None
-
 
 @dataclass
 class ForwardOutput:

@@ -50,10 +50,6 @@ class ModelConfig:
             return int(self.max_position_embeddings * float(r["factor"]))
         return self.max_position_embeddings
 
-    @property
-    def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_hf(cls, d: dict) -> ModelConfig:
         archs = d.get("architectures") or []

@@ -22,8 +22,7 @@ import torch
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
-from .parity import check_tolerance, compare_runs, resolve_tolerance
-from .parity import summarize as summarize_parity
+from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, measure_repeat, prepare
 from .step_costs import DRAFT_KIND, measure_cell
 from .store import save_record
@@ -86,14 +85,6 @@ def bytes_read(rec: records.RunRecord, weight_bytes: int, kv_bytes_per_position:
             continue
         total += weight_bytes + sum(row[6] for row in step.rows) * kv_bytes_per_position
     return total
-
-
-def add_parity(rec: records.RunRecord, ar: records.RunRecord, tolerance: float) -> None:
-    found = compare_runs(rec.requests, ar.requests, tolerance)
-    for r in rec.requests:
-        r.parity = {**found[r.id].__dict__, "identical": found[r.id].identical}
-    rec.aggregates.update(summarize_parity(found.values()))
-    rec.aggregates["parity_tolerance"] = tolerance
 
 
 @dataclass
@@ -202,18 +193,16 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
         k = i % len(entries)
         for e in entries[k:] + entries[:k]:
             outputs[e].append(measure_repeat(prepared[e], i, show_progress))
-    rows = []
-    for e in entries:
-        rec = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
-                     percentiles=percentiles).record
-        rec.info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
-        rows.append(BenchRow(cell.context_len, cell.batch_size, "", rec, tuned=e[1]))
-    ar = next((r.record for r in rows if r.decoder == "ar"), None)
-    if ar is not None and cell.temperature == 0:
-        for r in rows:
-            if r.decoder != "ar":
-                add_parity(r.record, ar, tolerance)
-    return rows
+    # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
+    records_of, ar = {}, None
+    for e in sorted(entries, key=lambda e: e[0] != "ar"):
+        prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
+        greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
+        records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
+                               percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
+        if e[0] == "ar" and ar is None:
+            ar = records_of[e]
+    return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[1]) for e in entries]
 
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:

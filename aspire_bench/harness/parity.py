@@ -1,6 +1,7 @@
 """Exactness parity: a greedy speculative output against the AR output of the same request.
 
-The one parity function of the suite (run, bench, sweep and the lm-eval model all call `compare_runs`).
+The one parity function of the suite: run, bench, sweep (through run) and the lm-eval model all call
+`against_ar`, and records.from_output stores what it returns.
 Definitions and the choice of default tolerances: docs/metrics.md#exactness-parity.
 
 Why AR's own record is the teacher-forced reference: up to the first divergence j the two outputs are
@@ -101,6 +102,20 @@ def compare_runs(spec: Iterable, ar: Iterable, tolerance: float) -> dict[str, Pa
     RequestRows (anything with `id`, `output_ids` and `extra`); AR's are matched by id."""
     by_id = {a.id: a for a in ar}
     return {s.id: compare(s.output_ids, by_id[s.id].output_ids, by_id[s.id].extra, tolerance) for s in spec}
+
+
+@dataclass(frozen=True)
+class RunParity:
+    """A run compared with AR: per request id its Parity, and the tolerance that classified them."""
+    requests: dict[str, Parity]
+    tolerance: float
+
+
+def against_ar(spec: Iterable, ar: Iterable, tolerance, dtype) -> RunParity:
+    """Parity of a run against AR on the same requests: `tolerance` checked, or the default for logits
+    computed in `dtype` when None; items as in compare_runs."""
+    tol = resolve_tolerance(tolerance, dtype)
+    return RunParity(compare_runs(spec, ar, tol), tol)
 
 
 def summarize(items: Iterable[Parity]) -> dict[str, float | int | None]:

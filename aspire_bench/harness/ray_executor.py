@@ -10,8 +10,8 @@ import os
 from collections.abc import Callable
 
 from ..errors import UserError
+from .cells import Cell, Sweep, execute_cell, failed_record
 from .records import RunRecord
-from .sweep import Cell, Sweep, execute_cell, failed_record
 
 
 def require_ray():

@@ -9,7 +9,7 @@ import os
 import platform
 import subprocess
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +17,7 @@ from pathlib import Path
 import aspire_bench
 from aspire_bench.decoders.base import GenerationOutput
 from aspire_bench.harness import metrics
-from aspire_bench.harness.parity import Parity
+from aspire_bench.harness.parity import Parity, RunParity
 
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.
@@ -125,11 +125,19 @@ def known_fields(cls, d: Mapping) -> tuple[dict, dict]:
 def from_output(
     config: Mapping, output: GenerationOutput, prompt_lens: Mapping[str, int], env: Mapping, *,
     texts: Mapping[str, str] | None = None, scores: Mapping[str, float | None] | None = None,
-    parity: Mapping[str, Parity] | None = None, sweep: str | None = None, tag: str | None = None,
+    parity: RunParity | None = None, repeats: Sequence[GenerationOutput] | None = None,
+    info: Mapping | None = None, backend: str | None = None, sweep: str | None = None, tag: str | None = None,
     group: str | None = None, percentiles=metrics.DEFAULT_PERCENTILES,
 ) -> RunRecord:
-    """The record of a finished run; aggregates computed by metrics.aggregate."""
+    """The record of a finished run, the one builder of run, bench, sweep and the lm-eval model.
+
+    output: the run (with repeats, the repeat that is stored); aggregates by metrics.aggregate.
+    parity: parity.against_ar's comparison (per-request rows, the parity figures and the tolerance).
+    repeats: every measured repeat, for the repeat spread of decode_tok_s and info["decode_samples"].
+    info: kept with the decoder's own GenerationOutput.info (e.g. tuning results); backend: the attention
+    backend that ran, stored in env."""
     t0 = output.t_start
+    found = parity.requests if parity is not None else {}
     requests = [
         RequestRow(
             id=r.id, prompt_len=prompt_lens[r.id], output_ids=list(r.output_ids),
@@ -137,7 +145,7 @@ def from_output(
             t_arrival=r.t_arrival - t0, t_prefill_start=r.t_prefill_start - t0,
             token_times=[t - t0 for t in r.token_times], verifications=[tuple(v) for v in r.verifications],
             figures=metrics.request_figures(r),
-            parity=_parity_dict(parity[r.id]) if parity and r.id in parity else None, extra=dict(r.extra),
+            parity=_parity_dict(found[r.id]) if r.id in found else None, extra=dict(r.extra),
         )
         for r in output.results
     ]
@@ -146,12 +154,30 @@ def from_output(
                    [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read) for w in s.rows])
         for s in output.steps
     ]
+    aggregates = metrics.aggregate(output, scores=scores, parity=found if parity is not None else None,
+                                   prompt_lens=prompt_lens, percentiles=percentiles)
+    if repeats is not None:
+        rates = [metrics.decode_tok_s(o) or 0.0 for o in repeats]
+        aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
+        aggregates["repeats"] = len(repeats)
+    if parity is not None:
+        aggregates["parity_tolerance"] = parity.tolerance
+    run_info = {**output.info, **(info or {})}
+    if repeats is not None:
+        run_info["decode_samples"] = decode_samples(repeats)
+    env = dict(env)
+    if backend is not None:
+        env["attention_backend"] = backend
     return RunRecord(
-        config=dict(config), config_hash=config_hash(config), env=dict(env), sweep=sweep, tag=tag, group=group,
-        info=dict(output.info), requests=requests, steps=steps,
-        aggregates=metrics.aggregate(output, scores=scores, parity=parity, prompt_lens=prompt_lens,
-                                    percentiles=percentiles),
+        config=dict(config), config_hash=config_hash(config), env=env, sweep=sweep, tag=tag, group=group,
+        info=run_info, requests=requests, steps=steps, aggregates=aggregates,
     )
+
+
+def decode_samples(outputs: Sequence[GenerationOutput]) -> list[list]:
+    """[request id, repeat, generated tokens, charged decode seconds] per request per repeat."""
+    return [[rid, i, tok, sec] for i, o in enumerate(outputs)
+            for rid, (tok, sec) in metrics.request_decode_times(o).items()]
 
 
 def failed(config: Mapping, env: Mapping, error: str, *, sweep: str | None = None, tag: str | None = None,

@@ -5,16 +5,14 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from ..decoders import Request, SamplingParams, get_decoder
+from ..decoders import SamplingParams, get_decoder
 from ..decoders.base import GenerationOutput
 from ..engine import Engine
 from ..errors import ConfigError
-from ..progress import TokenProgress
 from ..tasks import get_task
-from ..tasks.base import encode_prompt
-from ..tasks.buckets import parse_bucket
 from . import metrics, records
-from .parity import check_tolerance, compare_runs, resolve_tolerance
+from .generation import build_requests, generate
+from .parity import against_ar, check_tolerance
 from .schema import check_run_settings
 from .store import check_store_path, save_record
 
@@ -98,33 +96,6 @@ def _load_engine(model: str, dtype: str, device: str, attention_backend: str, ro
     return Engine.from_pretrained(model, dtype, device, attention_backend, rope_scaling=rope)
 
 
-def build_requests(cfg: RunConfig, engine: Engine):
-    if engine.tokenizer is None:
-        raise ConfigError(f"{cfg.model} has no tokenizer files; tasks need one")
-    task = get_task(cfg.task)
-    max_new = cfg.max_new_tokens or task.default_max_new_tokens
-    if cfg.context_len:
-        lo, _ = parse_bucket(cfg.context_len)
-        if lo + max_new > engine.max_context:
-            raise ConfigError(
-                f"context {cfg.context_len} ({lo} tokens) + {max_new} new tokens is longer than the model's "
-                f"maximum context of {engine.max_context}: choose a shorter --context-len or another model")
-    samples = task.samples(engine.tokenizer, limit=cfg.limit, context_len=cfg.context_len, seed=cfg.seed,
-                           data_path=cfg.data, max_length=engine.max_context - max_new)
-    if not samples:
-        raise ConfigError(f"task {cfg.task} produced no samples for context {cfg.context_len!r}: "
-                          "choose another --context-len")
-    reqs = [Request(s.id, encode_prompt(engine.tokenizer, s), max_new) for s in samples]
-    return task, samples, reqs
-
-
-def _generate(decoder, decoder_args, engine, reqs, params, batch_size, label, show) -> GenerationOutput:
-    """`decoder`: a decoder object (run as is: decoders keep no state between runs) or a name."""
-    dec = get_decoder(decoder, **decoder_args) if isinstance(decoder, str) else decoder
-    with TokenProgress(sum(r.max_new_tokens for r in reqs), label, disable=not show) as bar:
-        return dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
-
-
 @dataclass
 class Prepared:
     """A run ready to measure: requests built, decoder settings resolved (tuned), warm-up done."""
@@ -167,7 +138,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
         if not params.greedy:
             raise ConfigError(f"{cfg.decoder} knows the target's tokens only under greedy decoding: "
                               "use --temperature 0")
-        p.reference = _generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
+        p.reference = generate("ar", {}, engine, reqs, params, cfg.batch_size, "reference (ar)", show_progress)
         for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
     p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
@@ -181,60 +152,52 @@ def warm_up(p: Prepared) -> None:
     every prompt is prefilled here too, so no measured run (the first decoder of a group) pays prefills
     that the others get from the cache."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    _generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
+    generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
     if p.engine.prefix_cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
         if prime:
-            _generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
+            generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
 
 
 def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> GenerationOutput:
     """Measured repeat i: its own sampling seed (seed + i), the same requests."""
     params = replace(p.params, seed=p.cfg.seed + i)
-    return _generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
-                     f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
-
-
-def decode_samples(outputs: list[GenerationOutput]) -> list[list]:
-    """[request id, repeat, generated tokens, charged decode seconds] per request per repeat."""
-    return [[rid, i, tok, sec] for i, o in enumerate(outputs)
-            for rid, (tok, sec) in metrics.request_decode_times(o).items()]
+    return generate(p.decoder, {}, p.engine, p.reqs, params, p.cfg.batch_size,
+                    f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 
 def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = None, group: str | None = None,
            sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
-           percentiles=metrics.DEFAULT_PERCENTILES) -> RunResult:
-    """Scores, parity and the stored record of a run's measured repeats."""
+           percentiles=metrics.DEFAULT_PERCENTILES, ar=None, parity_tolerance: float | None = None) -> RunResult:
+    """Scores, parity and the stored record of a run's measured repeats. ar: AR's results on the same
+    requests (RequestResults or stored RequestRows) to compare with, e.g. the AR run of a bench cell, at
+    parity_tolerance (None: cfg's); without it, --parity compares with the oracle's reference, the run
+    itself (AR) or a fresh AR run."""
     cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
     rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
-    median = statistics.median_low(rates)
-    output = outputs[rates.index(median)]  # the median repeat's requests and trace are stored
+    output = outputs[rates.index(statistics.median_low(rates))]  # the median repeat's requests and trace
 
     parity = None
-    if cfg.parity:
+    if cfg.parity or ar is not None:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
-        ar = p.reference
         if ar is None:
-            ar = output if cfg.decoder == "ar" else _generate("ar", {}, engine, reqs, params, cfg.batch_size,
-                                                               "parity (ar)", show_progress)
-        tolerance = resolve_tolerance(cfg.parity_tolerance, engine.dtype)
-        parity = compare_runs(output.results, ar.results, tolerance)
+            ref = p.reference
+            if ref is None:
+                ref = output if cfg.decoder == "ar" else generate("ar", {}, engine, reqs, params, cfg.batch_size,
+                                                                   "parity (ar)", show_progress)
+            ar = ref.results
+        tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance
+        parity = against_ar(output.results, ar, tolerance, engine.dtype)
     tok = engine.tokenizer
     eos = set(engine.cfg.eos_token_ids) if cfg.eos_ignored else set()
     texts = {r.id: tok.decode(_until_eos(r.output_ids, eos), skip_special_tokens=True) for r in output.results}
     scores = {s.id: p.task.score(s, texts[s.id]) for s in p.samples}
-    config = cfg.identity()  # resolved decoder settings go to record.info (may include fitted values)
-    record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs},
+    # Resolved decoder settings go to record.info (may include fitted values), not to the config.
+    record = records.from_output(cfg.identity(), output, {r.id: len(r.prompt_ids) for r in reqs},
                                  records.capture_environment(), texts=texts, scores=scores, parity=parity,
-                                 sweep=sweep, tag=tag, group=group, percentiles=percentiles)
-    record.aggregates.update({f"decode_tok_s_{k}": v for k, v in metrics.summarize_repeats(rates).items()})
-    record.aggregates["repeats"] = cfg.repeat
-    if parity is not None:
-        record.aggregates["parity_tolerance"] = tolerance
-    record.info.update(p.info)
-    record.info["decode_samples"] = decode_samples(outputs)
-    record.env["attention_backend"] = engine.backend.name
+                                 repeats=outputs, info=p.info, backend=engine.backend.name, sweep=sweep, tag=tag,
+                                 group=group, percentiles=percentiles)
     run_id = None
     if store is not None:
         run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails

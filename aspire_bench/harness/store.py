@@ -248,9 +248,6 @@ class Store:
         all measured ones."""
         return f"{table}kind" if "kind" in _columns(self.conn, "runs") else "'measured'"
 
-    def find_by_config_hash(self, h: str) -> list[dict]:
-        return self.list_runs(config_hash=h)
-
     def export(self, format: str = "jsonl", path: str | Path | TextIO = "-", **filters: str) -> int:
         """Write the runs matching `filters`: jsonl = whole records, csv = one row per run with its
         aggregates as columns. path "-" is stdout. Returns the number of runs written."""

@@ -2,6 +2,7 @@
 
 Schema and semantics: docs/sweeps.md. Executors (`local` here, `ray` in ray_executor.py) only produce
 RunRecords; `run_sweep` alone writes the store, so a Ray cluster needs no access to the store file.
+What both executors share (a cell, running one) is in cells.py, so neither imports the other.
 """
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import hashlib
 import itertools
 import sqlite3
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, StoreError, UserError
 from . import records
+from .cells import Cell, Sweep, execute_cell, failed_record
 from .parity import check_tolerance
 from .records import RunRecord
-from .runner import RunConfig, run
+from .runner import RunConfig
 from .store import Store, write_recovery
 from .tuning import TUNE_GRIDS
 
@@ -31,32 +33,6 @@ RAY_KEYS = {"num_cpus", "num_gpus", "local_num_cpus"}
 # Fields that tell the cells of one group apart: everything else is shared, so speedups over AR are
 # taken between runs that differ only in how they decode.
 NOT_IN_GROUP = ("decoder", "decoder_args", "tune")
-
-
-@dataclass(frozen=True)
-class Cell:
-    index: int  # position in the expansion order
-    config: RunConfig
-    group_key: str  # hash of the config without NOT_IN_GROUP; the group id adds the invocation
-
-    @property
-    def config_hash(self) -> str:
-        return records.config_hash(self.config.identity())
-
-    def group(self, invocation: str) -> str:
-        return f"{invocation}-{self.group_key}"
-
-    def label(self) -> str:
-        c = self.config
-        return f"{Path(c.model).name} {c.task} {c.context_len or '-'} b{c.batch_size} {c.decoder}"
-
-
-@dataclass
-class Sweep:
-    name: str
-    cells: list[Cell]
-    max_retries: int = 0
-    ray: dict = field(default_factory=dict)
 
 
 # --- loading and expansion ---------------------------------------------------------------------
@@ -194,21 +170,6 @@ def _sampling(s) -> dict:
 
 
 # --- running one cell ------------------------------------------------------------------------
-
-
-def execute_cell(config: dict, sweep: str, group: str) -> RunRecord:
-    """Run one cell and return its record (store=None: the driver writes). A UserError (a bad decoder
-    setting, a context too long for the model) becomes a failed record at once, since retrying cannot
-    fix it; any other exception propagates so the executor may retry it."""
-    try:
-        return run(RunConfig(**config), store=None, group=group, sweep=sweep, show_progress=False).record
-    except UserError as e:
-        return failed_record(config, sweep, group, e)
-
-
-def failed_record(config: dict, sweep: str, group: str, error: BaseException | str) -> RunRecord:
-    msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return records.failed(config, records.capture_environment(), msg, sweep=sweep, group=group)
 
 
 def run_local(cells: list[Cell], sweep: Sweep, invocation: str, on_done: Callable[[Cell, RunRecord], None],

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import click
 
-from .records import RunRecord
 from .store_cli import store_option
-from .tables import emit, format_option, info, summary_json, summary_table
+from .tables import format_option, info, print_sweep_summary
 
 
 @click.command()
@@ -39,26 +38,6 @@ def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run, fmt):
         c = rec.config
         click.secho(f"  failed: {c['decoder']} {c['task']} {c.get('context_len') or '-'} on {c['model']}: "
                     f"{rec.error}", fg="red", err=True)
-
-
-def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None) -> None:
-    """One table per model, task, batch size and sampling (context and decoder are its rows); json: every
-    run of the sweep, failed ones included."""
-    tables: dict[tuple, list[RunRecord]] = {}
-    for r in recs:
-        if r.status == "ok":
-            c = r.config
-            key = (c["model"], c["task"], c["batch_size"], c["max_new_tokens"], c["temperature"], c["top_k"],
-                   c["top_p"], c["seed"])
-            tables.setdefault(key, []).append(r)
-    from rich.markup import escape
-    out = []
-    for (model, task, batch, max_new, temp, top_k, top_p, seed), rs in tables.items():
-        sampling = "greedy" if temp == 0 else f"T={temp} top-k={top_k} top-p={top_p}"
-        # escaped: names from the sweep file are printed literally, never as markup
-        out.append(summary_table(rs, title=escape(f"{name}: {task} on {Path(model).name}, batch {batch}, "
-                                                  f"max_new {max_new or 'default'}, {sampling}, seed {seed}")))
-    emit(out, fmt, data=summary_json(recs))
 
 
 COMMANDS = [sweep]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -146,3 +147,23 @@ def summary_json(records: list[RunRecord]) -> list[dict]:
 def print_summary(records: list[RunRecord], title: str = "aspire-bench", fmt: str | None = None,
                   baselines: Iterable[RunRecord] = (), percentiles=(50, 90, 99)) -> None:
     emit(summary_table(records, title, baselines, percentiles), fmt, data=summary_json(records))
+
+
+def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None) -> None:
+    """One table per model, task, batch size and sampling (context and decoder are its rows); json: every
+    run of the sweep, failed ones included."""
+    tables: dict[tuple, list[RunRecord]] = {}
+    for r in recs:
+        if r.status == "ok":
+            c = r.config
+            key = (c["model"], c["task"], c["batch_size"], c["max_new_tokens"], c["temperature"], c["top_k"],
+                   c["top_p"], c["seed"])
+            tables.setdefault(key, []).append(r)
+    from rich.markup import escape
+    out = []
+    for (model, task, batch, max_new, temp, top_k, top_p, seed), rs in tables.items():
+        sampling = "greedy" if temp == 0 else f"T={temp} top-k={top_k} top-p={top_p}"
+        # escaped: names from the sweep file are printed literally, never as markup
+        out.append(summary_table(rs, title=escape(f"{name}: {task} on {Path(model).name}, batch {batch}, "
+                                                  f"max_new {max_new or 'default'}, {sampling}, seed {seed}")))
+    emit(out, fmt, data=summary_json(recs))

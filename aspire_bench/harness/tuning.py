@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ..errors import ConfigError
 from . import metrics
+from .generation import build_requests, generate
 
 TUNE_GRIDS = {"magicdec": (1, 2, 3, 4), "vegas": (1, 2, 3, 4, 6)}
 TUNE_NEW_TOKENS = 32
@@ -20,7 +21,6 @@ TUNE_SEED_OFFSET = 10_000  # tuning draws never share a seed with a measured rep
 
 def tuning_requests(cfg, engine, measured) -> list:
     """Requests of the samples after the measured ones; none shares a prompt with a measured request."""
-    from .runner import build_requests
     n = max(cfg.batch_size, 2)
     _, _, reqs = build_requests(replace(cfg, limit=len(measured) + n), engine)
     seen = {tuple(r.prompt_ids) for r in measured}
@@ -35,18 +35,17 @@ def tuning_requests(cfg, engine, measured) -> list:
 
 def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
     """{"gamma": best, "decode_tok_s": {gamma: tok/s}, "n_requests", "max_new_tokens"} for cfg.decoder."""
-    from .runner import _generate
     grid = TUNE_GRIDS.get(cfg.decoder)
     if grid is None:
         raise ConfigError(f"{cfg.decoder} has no draft length to tune: tune only {', '.join(TUNE_GRIDS)}")
     reqs = tuning_requests(cfg, engine, measured)
     params = replace(params, seed=params.seed + TUNE_SEED_OFFSET)
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs]
-    _generate(cfg.decoder, {**cfg.decoder_args, "gamma": grid[0]}, engine, warm, params, cfg.batch_size,
+    generate(cfg.decoder, {**cfg.decoder_args, "gamma": grid[0]}, engine, warm, params, cfg.batch_size,
               "tuning warm-up", False)
     speed = {}
     for g in grid:
-        out = _generate(cfg.decoder, {**cfg.decoder_args, "gamma": g}, engine, reqs, params, cfg.batch_size,
+        out = generate(cfg.decoder, {**cfg.decoder_args, "gamma": g}, engine, reqs, params, cfg.batch_size,
                         f"tuning {cfg.decoder} gamma={g}", show_progress)
         speed[g] = metrics.decode_tok_s(out) or 0.0
     best = max(speed, key=speed.get)

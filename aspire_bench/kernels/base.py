@@ -15,6 +15,11 @@ import torch
 TOKEN_MEAN = "token_mean"  # mean over query heads, per KV position (Vegas)
 PAGE_MAX_SUM = "page_max_sum"  # max over query heads, summed per page (ASPIRE)
 
+# Rows with at least this many queries (prefill chunks) go through SDPA / flash-attn, which are
+# memory-frugal and compute-bound there; shorter ones (decode, draft, verify) through each backend's
+# own path, which is faster for few queries.
+SDPA_MIN_QUERIES = 32
+
 
 @dataclass
 class RowMeta:
@@ -30,9 +35,17 @@ class RowMeta:
     capture_queries: Sequence[int] = ()
     capture_reduce: str = PAGE_MAX_SUM
 
-    def kv_len(self, layer: int) -> int:
-        idx = self.sparse[layer]
-        return self.start + self.n if idx is None else idx.numel()
+    def view(self, layer: int) -> torch.Tensor | None:
+        """The row's sparse key indices at `layer`, None for full attention."""
+        return self.sparse[layer] if self.sparse else None
+
+    def captures_at(self, layer: int) -> bool:
+        """Whether the row's attention scores are captured at `layer`; a capture at a sparse layer is
+        refused, since its scores must cover every key (for every backend, here only)."""
+        capture = layer in self.capture_layers
+        if capture and self.view(layer) is not None:
+            raise ValueError("attention scores can only be captured at a full-attention layer")
+        return capture
 
 
 @dataclass

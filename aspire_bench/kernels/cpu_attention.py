@@ -19,151 +19,28 @@ everything in other dtypes or head dims.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
 import shutil
-import stat
-import subprocess
-import tempfile
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta
-from .torch_ref import _SDPA_MIN_QUERIES, TorchAttention
+from . import cpu_build
+from .base import PAGE_MAX_SUM, SDPA_MIN_QUERIES, TOKEN_MEAN, AttentionMeta
+from .cpu_build import KernelBuildError
+from .torch_ref import TorchAttention
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
 _BLOCK = 64  # the kernel's key block (BK): a captured token's score row is padded to whole blocks
-_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # the first set the compiler accepts is used
 _lib = None
 _lock = threading.Lock()
 
 
-class KernelBuildError(ConfigError):
-    pass
-
-
-def cache_dir() -> Path:
-    if os.environ.get("ASPIRE_BENCH_CACHE"):
-        return Path(os.environ["ASPIRE_BENCH_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "aspire-bench"
-
-
-def _compiler() -> str:
-    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    raise KernelBuildError("attention backend 'cpu' needs a C++ compiler and none was found: install g++ "
-                           "(or set $CXX), or use --attention-backend torch")
-
-
-def _machine_key() -> str:
-    """-march=native code is only valid on this kind of CPU, so the cache key includes its flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
-
-
-def _uid() -> int:
-    return os.getuid()
-
-
-def _untrusted(path: Path, want_dir: bool) -> str | None:
-    """Why `path` may not be trusted (None when it may): it must be a real directory or regular file,
-    owned by this user and not group- or world-writable, so that nobody else can plant code in it."""
-    try:
-        st = path.lstat()
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if not (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
-        return "is not a directory" if want_dir else "is not a regular file"
-    if st.st_uid != _uid():
-        return f"is owned by uid {st.st_uid}, not by you (uid {_uid()})"
-    if st.st_mode & 0o022:
-        return "is group- or world-writable"
-    return None
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _verified(out: Path) -> bool:
-    """The cached library may be loaded: it and its sidecar are trusted files and the library's content
-    hash is the one recorded when it was built."""
-    side = out.with_name(out.name + ".sha256")
-    if _untrusted(out, False) or _untrusted(side, False):
-        return False
-    try:
-        return side.read_text().strip() == _digest(out)
-    except OSError:
-        return False
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _private_cache() -> tuple[Path, bool]:
-    """(the directory to build in, whether it is a one-run temporary): the cache's kernels directory,
-    created private (0700) when missing. An existing one that another user could write to is not used:
-    the library is built in a fresh private temporary directory instead."""
-    kernels = cache_dir() / "kernels"
-    try:
-        kernels.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        kernels.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        pass  # reported below as untrusted
-    reason = _untrusted(kernels, True)
-    if reason is None:
-        return kernels, False
-    warnings.warn(f"kernel cache {kernels} {reason}: not used; the CPU kernel is built in a private temporary "
-                  f"directory for this run (make the directory yours with mode 700, or set $ASPIRE_BENCH_CACHE "
-                  f"to a private directory)", stacklevel=4)
-    return Path(tempfile.mkdtemp(prefix="aspire-bench-kernels-")), True  # 0700 and ours
-
-
-def _build(cxx: str, kernels: Path | None = None, force: bool = False, src: Path = SOURCE,
-           extra_flags: tuple[str, ...] = ()) -> Path:
-    """The path of a trusted, verified library for this source, compiler and CPU: the cached one, else a
-    fresh build (library renamed into place, then its content hash recorded in a sidecar, both atomic).
-    `src`/`extra_flags`: another kernel source of this package (csrc/cpu_dense.cpp) built the same way."""
-    kernels = kernels or _private_cache()[0]
-    source = src.read_bytes()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    errors = []
-    for flags in _FLAG_SETS:
-        cmd_flags = [*flags, *extra_flags, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
-        key = hashlib.sha256(source + repr((cmd_flags, version, _machine_key())).encode()).hexdigest()[:16]
-        out = kernels / f"{src.stem}_{key}.so"
-        if not force and _verified(out):
-            return out
-        with tempfile.TemporaryDirectory(dir=kernels) as tmp:
-            tmp_so = Path(tmp) / out.name
-            res = subprocess.run([cxx, *cmd_flags, str(src), "-o", str(tmp_so)], capture_output=True,
-                                 text=True, check=False)
-            if res.returncode == 0:
-                os.chmod(tmp_so, 0o755)
-                digest = _digest(tmp_so)
-                os.replace(tmp_so, out)  # atomic: a concurrent run never loads a half-written library
-                _write_atomic(out.with_name(out.name + ".sha256"), digest + "\n")
-                return out
-            errors.append(res.stderr.strip()[-2000:])
-    what = "the CPU attention kernel" if src == SOURCE else f"the CPU kernel {src.name}"
-    raise KernelBuildError(f"could not compile {what} with {cxx} (GCC >= 12 or Clang needed):\n{errors[-1]}"
-                           + ("\nuse --attention-backend torch" if src == SOURCE else ""))
+def build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
+    """The path of a trusted, verified build of this kernel (cpu_build.build)."""
+    return cpu_build.build(cxx, kernels, force, src=SOURCE, what="the CPU attention kernel",
+                           hint="use --attention-backend torch")
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -181,13 +58,13 @@ def load_library() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            cxx = _compiler()
-            kernels, one_run = _private_cache()
+            cxx = cpu_build.compiler()
+            kernels, one_run = cpu_build.private_cache()
             try:
-                _lib = _open(_build(cxx, kernels))
+                _lib = _open(build(cxx, kernels))
             except (OSError, AttributeError):
                 try:
-                    _lib = _open(_build(cxx, kernels, force=True))
+                    _lib = _open(build(cxx, kernels, force=True))
                 except (OSError, AttributeError) as e:
                     raise KernelBuildError(f"the CPU attention kernel could not be built and loaded ({e}): "
                                            "use --attention-backend torch") from e
@@ -232,11 +109,9 @@ class CpuAttention:
         desc, idx, rest, idx_off = [], [], [], 0
         cap_rows, cap_desc, qsel, out_sizes, sbuf_size = [], [], [], [], 0
         for i, r in enumerate(meta.rows):
-            sp = r.sparse[layer] if r.sparse else None
-            capture = layer in r.capture_layers
-            if capture and sp is not None:
-                raise ValueError("attention scores can only be captured at a full-attention layer")
-            if r.n >= _SDPA_MIN_QUERIES:
+            sp = r.view(layer)
+            capture = r.captures_at(layer)
+            if r.n >= SDPA_MIN_QUERIES:
                 rest.append(i)
                 continue
             L = r.start + r.n if sp is None else sp.numel()
@@ -295,7 +170,7 @@ class CpuAttention:
             captures = dict(zip(plan.cap_rows, scores.split(plan.cap_sizes)))
         for i in plan.rest:
             row = meta.rows[i]
-            o, row_scores = self._ref._row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
+            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
                                            meta)
             out[row.q_start:row.q_start + row.n] = o
             if row_scores is not None:

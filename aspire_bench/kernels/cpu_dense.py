@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .cpu_attention import KernelBuildError, _build, _compiler, _private_cache
+from . import cpu_build
+from .cpu_build import KernelBuildError
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_dense.cpp"
 # The micro-kernel's multiply-adds must fuse (FMA): -std=c++17 alone may keep them apart.
@@ -33,13 +34,14 @@ def load_library() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             try:
-                cxx = _compiler()
+                cxx = cpu_build.compiler()
             except KernelBuildError:
                 raise KernelBuildError("the compiled dense path needs a C++ compiler and none was found: "
                                        "install g++ (or set $CXX), or use dense backend fused") from None
-            kernels, one_run = _private_cache()
+            kernels, one_run = cpu_build.private_cache()
             try:
-                lib = ctypes.CDLL(str(_build(cxx, kernels, src=SOURCE, extra_flags=_EXTRA_FLAGS)))
+                lib = ctypes.CDLL(str(cpu_build.build(cxx, kernels, False, src=SOURCE, what="the CPU dense kernel",
+                                                     extra_flags=_EXTRA_FLAGS)))
                 p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
                 lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
                 lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]

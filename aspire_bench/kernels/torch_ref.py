@@ -8,12 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta, RowMeta
+from .base import PAGE_MAX_SUM, SDPA_MIN_QUERIES, TOKEN_MEAN, AttentionMeta, RowMeta
 from .flash_prefill import sdpa_row
-
-# Query blocks longer than this use SDPA (memory-frugal for prefill chunks); shorter ones
-# (decode, draft, verify) a plain matmul-softmax-matmul, which is faster for few queries on CPU.
-_SDPA_MIN_QUERIES = 32
 
 
 def reduce_scores(p: torch.Tensor, queries, reduce: str, page_size: int) -> torch.Tensor:
@@ -38,17 +34,20 @@ class TorchAttention:
         out = torch.empty_like(q)
         captures: dict[int, torch.Tensor] = {}
         for i, row in enumerate(meta.rows):
-            o, scores = self._row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row, meta)
+            o, scores = self.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row, meta)
             out[row.q_start:row.q_start + row.n] = o
             if scores is not None:
                 captures[i] = scores
         return out, captures
 
-    def _row(self, layer, q, k_cache, v_cache, row: RowMeta, meta: AttentionMeta):
+    def attend_row(self, layer, q, k_cache, v_cache, row: RowMeta, meta: AttentionMeta):
+        """One row's attention (q: its [n, Hq, D] queries): (out [n, Hq, D], its scores or None). Shorter
+        rows use a plain matmul-softmax-matmul, faster than SDPA for few queries on CPU."""
         n, hq, d = q.shape
         hkv = k_cache.shape[0]
         g = hq // hkv
-        idx = row.sparse[layer] if row.sparse else None
+        idx = row.view(layer)
+        capture = row.captures_at(layer)
         if idx is None:
             k = k_cache[:, row.base:row.base + row.start + n]  # in place, no copy
             v = v_cache[:, row.base:row.base + row.start + n]
@@ -57,11 +56,8 @@ class TorchAttention:
             k = k_cache.index_select(1, idx)
             v = v_cache.index_select(1, idx)
             key_pos = row.sparse_pos[layer]
-        capture = layer in row.capture_layers
-        if capture and idx is not None:
-            raise ValueError("attention scores can only be captured at a full-attention layer")
         L = k.shape[1]
-        if n >= _SDPA_MIN_QUERIES and not capture:
+        if n >= SDPA_MIN_QUERIES and not capture:
             kp = torch.arange(L, device=q.device) if key_pos is None else key_pos
             return sdpa_row(q, k, v, kp, row.start, meta.scale), None
         # [Hkv, G, n, D]: query head h = kv * G + g, as in transformers' repeat_kv

@@ -18,33 +18,14 @@ needs to turn logits back into probabilities without a second pass over the whol
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-MIN_M = 16  # smallest tile height handed to tl.dot
-
-
-@triton.jit
-def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation. UPCAST: Triton's CPU interpreter multiplies bf16 operands as raw
-    bits, so under the interpreter bf16 goes through fp32 (exact: a bf16 product fits in fp32)."""
-    if UPCAST:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        r = tl.dot(a, b, input_precision=PREC)
-    return r
-
-
-def _dot_flags(dtype: torch.dtype) -> dict:
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    # fp32 must not silently drop to tf32 on tensor cores: the reference is exact fp32.
-    # fp16/bf16: the target's default (tensor cores); None keeps this portable across backends.
-    return {"PREC": "ieee" if dtype == torch.float32 else None, "UPCAST": interp and dtype == torch.bfloat16}
+from . import triton_common as tc
+from .triton_common import LOG2E, MIN_M, dot_flags, mm, pow2
 
 
 @triton.jit
@@ -101,7 +82,7 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr,
         kv_idx = kv_idx.to(tl.int64)  # pool offsets overflow int32 at long contexts x batch
         k = tl.load(k_base + kv_idx[:, None] * stride_kc + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        s = _mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
+        s = mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
         visible = n_mask[None, :] & (kpos[None, :] <= qpos[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -113,7 +94,7 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr,
         v = tl.load(v_base + kv_idx[:, None] * stride_vc + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         # p is rounded to the cache dtype before P@V, as the torch reference does.
-        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
+        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC, UPCAST)
         m_i = m_new
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -167,15 +148,6 @@ def _attn_combine(out_ptr, lse_ptr, po_ptr, plse_ptr, tok_nsplit,
         tl.store(lse_ptr + t * stride_lt + offs_h, lse_out, mask=mine)
 
 
-def _empty(shape, dtype, device) -> torch.Tensor:
-    """Every output and scratch buffer of the Triton path comes from here (tests poison it with NaN)."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
-
-
 @dataclass
 class RowSpec:
     """One row as the attention kernel sees it at one layer."""
@@ -217,7 +189,7 @@ def plan_attention(specs: list[RowSpec], num_tokens: int, hkv: int, g: int, devi
     decode row does not carry a verify-sized tile. Splits: enough programs to fill the GPU (target),
     but never chunks shorter than min_chunk keys (each split costs a partial write and a combine read).
     """
-    g_pad = _pow2(g)
+    g_pad = pow2(g)
     if target_programs is None:
         if torch.cuda.is_available() and torch.device(device).type == "cuda":
             # a few programs per SM keep enough loads in flight to stream K/V at full bandwidth
@@ -238,7 +210,7 @@ def plan_attention(specs: list[RowSpec], num_tokens: int, hkv: int, g: int, devi
         (single if sp.n == 1 else multi).append(sp)
     max_n = max((sp.n for sp in multi), default=1)
     groups_host = []
-    for rows, bq in ((single, 1), (multi, min(_pow2(max_n), max(1, max_block_m // g_pad)))):
+    for rows, bq in ((single, 1), (multi, min(pow2(max_n), max(1, max_block_m // g_pad)))):
         if not rows:
             continue
         cols = [[], [], [], [], [], []]
@@ -294,7 +266,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     g = hq // hkv
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     if out is None:
-        out = _empty(q.shape, q.dtype, q.device)
+        out = tc.empty(q.shape, q.dtype, q.device)
     ws = workspace if workspace is not None else {}
     lse = None
     if want_lse:
@@ -306,8 +278,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         po = plse = out  # unused
     lse_arg = lse if lse is not None else out
-    block_d = max(16, _pow2(d))
-    g_pad = _pow2(g)
+    block_d = max(16, pow2(d))
+    g_pad = pow2(g)
     for grp in plan.groups:
         a = grp.arrays
         # Tensor-core dots want M >= 16: a decode row of an MHA model pads its 1 x 1 tile.
@@ -322,14 +294,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             scale * LOG2E, plan.chunk, g, d,
             BLOCK_M=block_m, G_PAD=g_pad, BLOCK_N=block_n, BLOCK_D=block_d,
             SPLIT=split, WRITE_LSE=want_lse, num_warps=num_warps or _default_warps(block_m, q.dtype),
-            **({"num_stages": num_stages} if num_stages else {}), **_dot_flags(q.dtype))
+            **({"num_stages": num_stages} if num_stages else {}), **dot_flags(q.dtype))
     if split:
         # Tokens the plan does not cover (prefill rows served elsewhere) carry 0 splits: left alone.
         _attn_combine[(T,)](
             out, lse_arg, po, plse, plan.tok_nsplit,
             out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2),
             plse.stride(0), plse.stride(1), lse_arg.stride(0) if lse is not None else 0,
-            hq, d, BLOCK_H=max(1, _pow2(hq)), BLOCK_D=block_d, WRITE_LSE=want_lse)
+            hq, d, BLOCK_H=max(1, pow2(hq)), BLOCK_D=block_d, WRITE_LSE=want_lse)
     return out, lse
 
 
@@ -349,5 +321,5 @@ def _buffer(ws: dict, name: str, shape, device) -> torch.Tensor:
     key = (name, tuple(shape), str(device))  # one per plan shape (ASPIRE: sparse + refresh layers)
     buf = ws.get(key)
     if buf is None:
-        buf = ws[key] = _empty(shape, torch.float32, device)
+        buf = ws[key] = tc.empty(shape, torch.float32, device)
     return buf

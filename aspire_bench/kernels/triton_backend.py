@@ -3,21 +3,14 @@ the score kernel for captures, flash-attn/SDPA for long prefill chunks. Same int
 torch_ref.TorchAttention (see base.py)."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..errors import ConfigError
-from . import triton_attention as _ta
-from .base import AttentionMeta
+from . import triton_common as tc
+from .base import SDPA_MIN_QUERIES, AttentionMeta
 from .flash_prefill import prefill_row
-from .torch_ref import _SDPA_MIN_QUERIES
 from .triton_attention import RowSpec, max_block_m, paged_attention, plan_attention
 from .triton_scores import ScoreRow, attention_scores
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class TritonAttention:
@@ -35,22 +28,20 @@ class TritonAttention:
         self.target_programs = target_programs
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
-        if not q.is_cuda and not _interpreting():
+        if not q.is_cuda and not tc.interpreting():
             raise ConfigError("attention backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 for "
                               "testing): use --attention-backend torch on CPU")
-        out = _ta._empty(q.shape, q.dtype, q.device)
+        out = tc.empty(q.shape, q.dtype, q.device)
         specs: list[RowSpec] = []
         sig = []
         captures = []  # (row index, ScoreRow): kernel rows, lse from the attention kernel
         late = []  # capturing prefill rows: their scores run both passes in triton_scores
         for i, row in enumerate(meta.rows):
-            idx = row.sparse[layer] if row.sparse else None
-            capture = layer in row.capture_layers
-            if capture and idx is not None:
-                raise ValueError("attention scores can only be captured at a full-attention layer")
+            idx = row.view(layer)
+            capture = row.captures_at(layer)
             srow = ScoreRow(row.q_start, row.start, row.base, row.start + row.n, tuple(row.capture_queries),
                             row.capture_reduce) if capture else None
-            if row.n >= _SDPA_MIN_QUERIES:
+            if row.n >= SDPA_MIN_QUERIES:
                 # Prefill chunk (e.g. Vegas' last chunk, which captures at every layer): compute-bound,
                 # so flash-attn/SDPA; the decode kernel would re-read K/V once per 16 queries.
                 out[row.q_start:row.q_start + row.n] = prefill_row(

@@ -58,6 +58,7 @@ class _Recorder:
 def record_launches(quick: bool = False) -> dict:
     from . import triton_attention as ta
     from . import triton_backend as tb
+    from . import triton_common as tc
     from . import triton_scores as ts
     from .base import PAGE_MAX_SUM, TOKEN_MEAN, AttentionMeta, RowMeta
 
@@ -69,8 +70,8 @@ def record_launches(quick: bool = False) -> dict:
         for n in names:
             saved[(mod, n)] = getattr(mod, n)
             setattr(mod, n, _Recorder(getattr(mod, n), launches))
-    saved[(tb, "_interpreting")] = tb._interpreting
-    tb._interpreting = lambda: True  # let the backend run its host side on CPU tensors
+    saved[(tc, "interpreting")] = tc.interpreting
+    tc.interpreting = lambda: True  # let the backend run its host side on CPU tensors
     try:
         # decode (full, sparse), verify (full, sparse), a capturing prefill chunk; both reductions
         specs = [(1, 3000, False, TOKEN_MEAN), (9, 2000, False, PAGE_MAX_SUM), (1, 2000, True, None),

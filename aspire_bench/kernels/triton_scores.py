@@ -1,5 +1,4 @@
-"""Triton attention-score reductions for ASPIRE (PAGE_MAX_SUM) and Vegas (TOKEN_MEAN), and page
-selection.
+"""Triton attention-score reductions for ASPIRE (PAGE_MAX_SUM) and Vegas (TOKEN_MEAN).
 
 Two passes, never heads x context in global memory: pass 1 is the attention kernel itself, which
 already computes each query's log-sum-exp per head (it is asked to write it, [T, Hq] floats). Pass 2
@@ -19,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_attention as _ta
+from . import triton_common as tc
 from .base import PAGE_MAX_SUM, TOKEN_MEAN
-from .triton_attention import LOG2E, MIN_M, _dot_flags, _mm, _pow2
+from .triton_common import LOG2E, MIN_M, dot_flags, mm, pow2
 
 MODE_TOKEN_MEAN = 0
 MODE_TOKEN_MAX = 1  # max over heads per token (page sums done by torch: odd page sizes)
@@ -70,7 +69,7 @@ def _scores(q_ptr, k_ptr, lse_ptr, out_ptr,
             lse = tl.load(lse_ptr + tok * stride_lt + head, mask=m_valid, other=0.0)
             k = tl.load(k_ptr + kvh * stride_kh64 + kv_idx[:, None] * stride_kc + offs_d[None, :],
                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-            s = _mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
+            s = mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
             p = tl.where(visible, tl.exp2(s - lse[:, None]), 0.0)
             if MODE == 0:
                 tok_acc += tl.sum(p, 0)
@@ -141,7 +140,7 @@ def _score_lse(q_ptr, k_ptr, part_ptr,
                         mask=m_valid[:, None] & d_mask[None, :], other=0.0)
             k = tl.load(k_ptr + kvh * stride_kh64 + kv_idx[:, None] * stride_kc + offs_d[None, :],
                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-            s = _mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
+            s = mm(q, tl.trans(k), PREC, UPCAST) * sm_scale_log2
             s = tl.where(visible, s, float("-inf"))
             m = tl.max(s, 1)
             m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -170,7 +169,7 @@ def _row_arrays(rows: list[ScoreRow], sizes: list[int], dev):
 
 def _query_chunk(rows: list[ScoreRow], g_pad: int) -> int:
     """Queries per tile: all of them up to 128 tile rows, at least MIN_M rows (tl.dot's M)."""
-    qc = min(_pow2(max(len(r.queries) for r in rows)), max(1, 128 // g_pad))
+    qc = min(pow2(max(len(r.queries) for r in rows)), max(1, 128 // g_pad))
     return max(qc, MIN_M // g_pad)
 
 
@@ -180,22 +179,22 @@ def capture_lse(q: torch.Tensor, k_cache: torch.Tensor, rows: list[ScoreRow], sc
     T, hq, d = q.shape
     hkv = k_cache.shape[0]
     g = hq // hkv
-    g_pad = _pow2(g)
+    g_pad = pow2(g)
     dev = q.device
     a, qidx_dev = _row_arrays(rows, [0] * len(rows), dev)
     max_nq = max(len(r.queries) for r in rows)
     nblk = -(-max(r.kv_len for r in rows) // block_n)
-    part = _ta._empty((len(rows), nblk, max_nq, hq), torch.float32, dev)
+    part = tc.empty((len(rows), nblk, max_nq, hq), torch.float32, dev)
     _score_lse[(len(rows), nblk)](
         q, k_cache, part, a[0], a[1], a[2], a[3], a[4], a[5], qidx_dev,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         part.stride(0), part.stride(1), part.stride(2),
         scale * LOG2E, hkv, g, d,
-        QC=_query_chunk(rows, g_pad), G_PAD=g_pad, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(d)),
-        num_warps=8, **_dot_flags(q.dtype))
+        QC=_query_chunk(rows, g_pad), G_PAD=g_pad, BLOCK_N=block_n, BLOCK_D=max(16, pow2(d)),
+        num_warps=8, **dot_flags(q.dtype))
     ln2 = 0.6931471805599453
     merged = torch.logsumexp(part * ln2, dim=1) / ln2  # [R, max_nq, Hq]; -inf blocks weigh 0
-    lse = _ta._empty((T, hq), torch.float32, dev)
+    lse = tc.empty((T, hq), torch.float32, dev)
     r_of, j_of, tok_of = [], [], []
     for ri, r in enumerate(rows):
         n = r.kv_len - r.start
@@ -218,7 +217,7 @@ def attention_scores(q: torch.Tensor, k_cache: torch.Tensor, lse: torch.Tensor |
     _, hq, d = q.shape
     hkv = k_cache.shape[0]
     g = hq // hkv
-    g_pad = _pow2(g)
+    g_pad = pow2(g)
     dev = q.device
     if lse is None:
         lse = capture_lse(q, k_cache, rows, scale, block_n)
@@ -237,36 +236,17 @@ def attention_scores(q: torch.Tensor, k_cache: torch.Tensor, lse: torch.Tensor |
         group = [rows[i] for i in sel]
         sizes = [-(-r.kv_len // page_size) if mode == MODE_PAGE_MAX_SUM else r.kv_len for r in group]
         a, qidx_dev = _row_arrays(group, sizes, dev)
-        out = _ta._empty((sum(sizes),), torch.float32, dev)
+        out = tc.empty((sum(sizes),), torch.float32, dev)
         max_kv = max(r.kv_len for r in group)
         _scores[(len(group), -(-max_kv // block_n))](
             q, k_cache, lse, out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], qidx_dev,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), lse.stride(0),
             scale * LOG2E, hkv, g, d, 1.0 / hq,
-            QC=_query_chunk(group, g_pad), G_PAD=g_pad, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(d)),
+            QC=_query_chunk(group, g_pad), G_PAD=g_pad, BLOCK_N=block_n, BLOCK_D=max(16, pow2(d)),
             PAGE=page_size if mode == MODE_PAGE_MAX_SUM else 1, MODE=mode,
-            num_warps=8, **_dot_flags(q.dtype))
+            num_warps=8, **dot_flags(q.dtype))
         for i, part in zip(sel, out.split(sizes)):
             if mode == MODE_TOKEN_MAX:  # page size not a power of two: sum pages here
                 part = torch.nn.functional.pad(part, (0, (-part.numel()) % page_size)).view(-1, page_size).sum(-1)
             results[i] = part
     return results
-
-
-def select_pages(scores: torch.Tensor, budget: int, n_recent: int) -> torch.Tensor:
-    """ASPIRE page choice for one request: the n_recent last pages always, the rest of `budget` by
-    top score. scores: [P] page scores; returns sorted page ids (int64, on scores' device).
-
-    Plain torch.topk (one small launch per request): P is pages, not tokens (6k pages at 100k
-    context), so a custom kernel would not pay for itself. Ties go to torch.topk's order."""
-    P = scores.shape[-1]
-    dev = scores.device
-    if budget >= P:
-        return torch.arange(P, device=dev)
-    n_recent = max(0, min(n_recent, budget, P))
-    recent = torch.arange(P - n_recent, P, device=dev)
-    k = budget - n_recent
-    if k == 0:
-        return recent
-    top = torch.topk(scores[:P - n_recent], k, sorted=False).indices
-    return torch.sort(torch.cat((top, recent))).values

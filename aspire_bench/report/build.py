@@ -7,7 +7,8 @@ from pathlib import Path
 from plotly.offline import get_plotlyjs
 
 from aspire_bench.errors import UserError
-from aspire_bench.report import definitions, diagnostics, figures
+from aspire_bench.harness import figures
+from aspire_bench.report import definitions, diagnostics
 from aspire_bench.report.html import page
 from aspire_bench.report.leaderboard import build, load_runs
 from aspire_bench.report.pages import PLOTLY_JS, header_meta, render_index, render_run

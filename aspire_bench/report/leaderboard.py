@@ -8,10 +8,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aspire_bench.harness import figures
+from aspire_bench.harness.figures import cell
 from aspire_bench.harness.records import NON_IDENTITY_KEYS, RunRecord, canonical_json
 from aspire_bench.harness.store import Store
-from aspire_bench.report import figures
-from aspire_bench.report.figures import cell
 
 
 @dataclass

@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 
 import plotly
 
+from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
-from aspire_bench.report import figures, plots
+from aspire_bench.report import plots
 from aspire_bench.report.html import DASH, cell, esc, fmt, mapping_table, page, table
 from aspire_bench.report.leaderboard import COLUMNS, MILLIS, Board, Leaderboards, Row, best_values
 

@@ -1,16 +1,20 @@
 """Task registry. A task yields samples (prompt, reference, metadata) and scores generated text; it
 knows nothing of engines, decoders or the harness.
 
-Add a task: subclass Task in its own module, then register an instance in _build() below.
+Add a task: subclass Task in its own module, then register an instance in _build() below; or, from
+another package, declare it in the entry point group `aspire_bench.tasks` (docs/tasks.md).
 """
 from __future__ import annotations
 
-from aspire_bench.errors import UserError
+import inspect
+
+from aspire_bench import plugins
+from aspire_bench.errors import ConfigError, UserError
 
 from .base import Sample, Task, encode_prompt
-from .buckets import STANDARD_BUCKETS, parse_bucket
+from .buckets import parse_bucket
 
-__all__ = ["STANDARD_BUCKETS", "Sample", "Task", "describe_tasks", "encode_prompt", "get_task", "list_tasks",
+__all__ = ["Sample", "Task", "describe_tasks", "encode_prompt", "get_task", "list_tasks",
            "parse_bucket"]
 
 _REGISTRY: dict[str, Task] | None = None
@@ -35,15 +39,46 @@ def _registry() -> dict[str, Task]:
     return _REGISTRY
 
 
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")  # "LongBench_v2" -> "longbench-v2"
+
+
+_PLUGINS: dict | None = None
+
+
+def _plugins() -> dict:
+    """Entry points of task plug-ins by name; each is loaded (and kept in the registry) when first used."""
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = plugins.discover(plugins.TASKS, _registry(), "task", _key)
+    return _PLUGINS
+
+
+def _load_plugin(key: str) -> Task:
+    ep = _plugins()[key]
+    obj = plugins.load(ep, "task")
+    task = obj() if inspect.isclass(obj) else obj
+    if not isinstance(task, Task):
+        raise ConfigError(f"the task plug-in {ep.name!r} of package {plugins.package_of(ep)} names {ep.value}, "
+                          "which is not a Task (subclass aspire_bench.tasks.Task)")
+    task.name = key
+    _registry()[key] = task
+    return task
+
+
 def get_task(name: str) -> Task:
-    reg = _registry()
-    key = name.strip().lower().replace("_", "-")  # "LongBench_v2" -> "longbench-v2"
-    if key not in reg:
-        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(reg)}")
-    return reg[key]
+    reg, key = _registry(), _key(name)
+    if key in reg:
+        return reg[key]
+    if key in _plugins():
+        return _load_plugin(key)
+    raise UserError(f"unknown task {name!r}; known tasks: {', '.join([*reg, *_plugins()])}")
 
 
 def list_tasks() -> list[Task]:
+    for key in _plugins():
+        if key not in _registry():
+            _load_plugin(key)
     return list(_registry().values())
 
 

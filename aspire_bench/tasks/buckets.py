@@ -9,9 +9,6 @@ _SIZE = r"(\d+(?:\.\d+)?)\s*([kK]?)"
 _RANGE = re.compile(rf"^\s*{_SIZE}\s*(?:-|\.\.)\s*{_SIZE}\s*$")
 _ONE = re.compile(rf"^\s*{_SIZE}\s*$")
 
-# The ASPIRE paper's LongBench-v2 windows, plus the usual exact sizes.
-STANDARD_BUCKETS = ("4k", "16k", "32k", "30-40k", "80-100k")
-
 
 def _tokens(num: str, k: str) -> int:
     return round(float(num) * (1024 if k else 1))

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 from .base import Sample
 from .exact_length import build_exact
-from .needle import SyntheticTask, starts_with_answer
+from .scoring import starts_with_answer
+from .synthetic import SyntheticTask
 
 PREFIX = ("Extract the value corresponding to the specified key in the JSON object below.\n\n"
           "JSON data:\n{")

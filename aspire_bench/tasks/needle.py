@@ -9,39 +9,14 @@ from __future__ import annotations
 
 import random
 
-from .base import Sample, Task
-from .exact_length import build_exact, sample_lengths
+from .base import Sample
+from .exact_length import build_exact
 from .filler import distinct_keys, sentences
-from .scoring import normalize_ws
+from .scoring import starts_with_answer
+from .synthetic import SyntheticTask
 
-DEFAULT_CONTEXT = "4k"
-DEFAULT_SAMPLES = 10
 PREFIX = ("Some secret codes are hidden in the following text. Memorize them; you will be asked "
           "for one of them.\n\n")
-
-
-def starts_with_answer(text: str, answer: str) -> bool:
-    t = normalize_ws(text)
-    if not t.startswith(answer):
-        return False
-    rest = t[len(answer):]
-    # "1234567." or "1234567 is ..." count; "12345678" (a longer number) does not.
-    return not rest or not (rest[0].isalnum() or (answer[-1:].isalnum() and rest[0] in "-_"))
-
-
-class SyntheticTask(Task):
-    """A task whose samples are generated offline at exact token lengths; subclasses build one."""
-
-    def samples(self, tokenizer, *, limit=None, context_len=None, seed=0, data_path=None,
-                max_length=None) -> list[Sample]:
-        context_len = context_len or DEFAULT_CONTEXT
-        n = DEFAULT_SAMPLES if limit is None else limit
-        lengths = sample_lengths(context_len, n, lambda i: random.Random(f"{self.name}|len|{seed}|{i}"),
-                                 max_length)
-        return [self._one(tokenizer, i, L, seed, str(context_len)) for i, L in enumerate(lengths)]
-
-    def _one(self, tokenizer, i: int, n_tokens: int, seed: int, bucket: str) -> Sample:
-        raise NotImplementedError
 
 
 class NeedleTask(SyntheticTask):

@@ -51,6 +51,16 @@ def normalize_ws(s: str) -> str:
     return " ".join(s.split())
 
 
+def starts_with_answer(text: str, answer: str) -> bool:
+    """Whether the whitespace-normalised text begins with `answer`, not continued by more of a token:
+    "1234567." or "1234567 is ..." count; "12345678" (a longer number) does not."""
+    t = normalize_ws(text)
+    if not t.startswith(answer):
+        return False
+    rest = t[len(answer):]
+    return not rest or not (rest[0].isalnum() or (answer[-1:].isalnum() and rest[0] in "-_"))
+
+
 def levenshtein(a: str, b: str) -> int:
     """Edit distance (insert, delete, substitute: cost 1)."""
     return Levenshtein.distance(a, b)
