@@ -10,23 +10,9 @@ from pathlib import Path
 import click
 
 from . import cli_types as T
-from .cli_types import TokenCount
+from .cli_types import TokenCount, parse_decoder_args
 from .errors import UserError
 from .harness.tables import format_option
-
-
-def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
-    from .decoders import parse_value
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        k = k.strip().replace("-", "_")
-        if not sep or not k.isidentifier():
-            raise UserError(f"--decoder-arg {p!r} is not of the form key=value (e.g. gamma=4)")
-        if k in out:
-            raise UserError(f"--decoder-arg {k} is given twice: keep one")
-        out[k] = parse_value(v.strip())
-    return out
 
 
 def model_options(f):

@@ -101,3 +101,17 @@ def new_output_path(ctx, param, value):
     except UserError as e:
         raise click.BadParameter(str(e)) from None
     return value
+
+
+def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
+    from .decoders import parse_value
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        k = k.strip().replace("-", "_")
+        if not sep or not k.isidentifier():
+            raise UserError(f"--decoder-arg {p!r} is not of the form key=value (e.g. gamma=4)")
+        if k in out:
+            raise UserError(f"--decoder-arg {k} is given twice: keep one")
+        out[k] = parse_value(v.strip())
+    return out

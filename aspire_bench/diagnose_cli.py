@@ -178,8 +178,7 @@ def heterogeneity_command(model, dtype, device, attention_backend, task, data, c
     distribution of the means (min, quartiles, max, mean)."""
     from .diagnostics.heterogeneity import fixed_draft_settings
     fixed_draft_settings(decoder, draft_len)  # ar and bad lengths fail before anything loads
-    from .cli import parse_decoder_args
-    args = parse_decoder_args(decoder_args)
+    args = T.parse_decoder_args(decoder_args)
     dtype = _prepare(threads, store_path, dtype, model, task, data)
     from .diagnostics.heterogeneity import HeterogeneityConfig, diagnose_heterogeneity
     cfg = HeterogeneityConfig(model=model, task=task, context_len=context_len, data=data, decoder=decoder,
