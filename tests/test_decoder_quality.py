@@ -128,7 +128,7 @@ def forced_drafts(monkeypatch):
     which take_draft records."""
     take = loop.take_draft
 
-    def reversed_take(st, logits, params):
+    def reversed_take(st, logits, params, q=None):  # the loop's q is of the unreversed logits: recomputed
         vals, idx = torch.topk(logits, params.top_k)
         return take(st, logits.scatter(-1, idx, vals.flip(-1)), params)
 
