@@ -134,6 +134,27 @@ def test_plan_is_shared_by_layers_with_the_same_views():
     assert len(meta.backend_cache["cpu_plans"]) == 2
 
 
+def test_layers_with_their_own_views_of_one_size_share_the_row_layout():
+    """Vegas: a view per layer, all of one size: one row layout, a plan (key indices) per layer,
+    each layer still equal to the reference."""
+    L = 3
+    q, k, v, rows = make_batch([(1, 80, 0.5), (1, 60, 0.5), (3, 20, None)], 4, 2, 16, torch.float32, layers=L,
+                               seed=SEED)
+    gen = torch.Generator().manual_seed(SEED)
+    for r in rows[:2]:  # per layer a different subset of the same size as layer 0's
+        n_keys = r.sparse[0].numel() - r.n
+        for layer in range(1, L):
+            prefix = torch.randperm(r.start, generator=gen)[:n_keys].sort().values
+            r.sparse_pos[layer] = torch.cat((prefix, torch.arange(r.start, r.start + r.n)))
+            r.sparse[layer] = r.sparse_pos[layer] + r.base
+    meta, backend = kernel_cases.meta_of(rows, 16), CpuAttention()
+    for layer in range(L):
+        out, _ = backend.attend(layer, q, k, v, meta)
+        ref, _ = kernel_cases.TorchAttention().attend(layer, q, k, v, kernel_cases.meta_of(rows, 16))
+        assert rel_err(out, ref) <= RTOL
+    assert len(meta.backend_cache["cpu_layouts"]) == 1 and len(meta.backend_cache["cpu_plans"]) == L
+
+
 def test_other_dtypes_and_head_dims_use_the_reference():
     for dtype, d in ((torch.bfloat16, 32), (torch.float32, 24)):
         q, k, v, rows = make_batch([(1, 40, None), (3, 30, 0.5)], 4, 2, d, dtype, seed=SEED)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -99,18 +99,28 @@ class CpuAttention:
         self._ref = TorchAttention()
 
     def _plan(self, layer: int, meta: AttentionMeta, hq: int) -> _LayerPlan:
-        """Kernel inputs for this layer; layers whose rows share views and captures share a plan (in a
-        draft step: all layers but ASPIRE's refresh layer)."""
-        key = tuple((None if not r.sparse else id(r.sparse[layer]), layer in r.capture_layers)
-                    for r in meta.rows)
+        """Kernel inputs for this layer. Layers whose rows read as many keys and capture alike share the
+        row descriptors (every layer of a draft step but ASPIRE's refresh layer; every layer of a Vegas
+        draft step, whose views differ per layer); only the concatenated key indices are per view."""
+        views = [r.view(layer) for r in meta.rows]
+        shape = tuple((None if v is None else v.numel(), r.captures_at(layer)) for r, v in zip(meta.rows, views))
+        ids = tuple(id(v) for v in views if v is not None)
         plans = meta.backend_cache.setdefault("cpu_plans", {})
-        if key in plans:
-            return plans[key]
-        desc, idx, rest, idx_off = [], [], [], 0
+        plan = plans.get((shape, ids))
+        if plan is None:
+            layouts = meta.backend_cache.setdefault("cpu_layouts", {})
+            if shape not in layouts:
+                layouts[shape] = self._describe(meta, views, shape, hq)
+            idx = [v for r, v in zip(meta.rows, views) if v is not None and r.n < SDPA_MIN_QUERIES]
+            plan = plans[(shape, ids)] = replace(layouts[shape], idx=torch.cat(idx).to(torch.int64).contiguous()
+                                                 if idx else _int64([0]))
+        return plan
+
+    def _describe(self, meta: AttentionMeta, views: list, shape: tuple, hq: int) -> _LayerPlan:
+        """The row descriptors and capture layout of a layer (its key indices are filled in by _plan)."""
+        desc, rest, idx_off = [], [], 0
         cap_rows, cap_desc, qsel, out_sizes, sbuf_size = [], [], [], [], 0
-        for i, r in enumerate(meta.rows):
-            sp = r.view(layer)
-            capture = r.captures_at(layer)
+        for i, (r, sp, (_, capture)) in enumerate(zip(meta.rows, views, shape)):
             if r.n >= SDPA_MIN_QUERIES:
                 rest.append(i)
                 continue
@@ -131,13 +141,9 @@ class CpuAttention:
             desc.append((r.q_start, r.n, r.base, r.start, idx_off if sp is not None else 0,
                          sp.numel() if sp is not None else -1, cap_mask, cap_base))
             if sp is not None:
-                idx.append(sp)
                 idx_off += sp.numel()
-        plan = _LayerPlan(_int64(desc).reshape(-1, 8),
-                          torch.cat(idx).to(torch.int64).contiguous() if idx else _int64([0]), rest, cap_rows,
+        return _LayerPlan(_int64(desc).reshape(-1, 8), _int64([0]), rest, cap_rows,
                           _int64(cap_desc).reshape(-1, 9), _int64(qsel or [0]), out_sizes, sbuf_size)
-        plans[key] = plan
-        return plan
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
         d = q.shape[-1]
