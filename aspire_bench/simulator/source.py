@@ -1,0 +1,131 @@
+"""Simulations of a stored run (its own trace) or of a parametric setting, as run records.
+
+A stored run gives the requests (prompt lengths, output lengths, prefill rows), the acceptance
+(its verifications, replayed token by token) and the decoder's settings (its `info`, including the
+cost model ASPIRE's scheduler used). The step-cost model is this machine's calibration unless a
+roofline is asked for. A parametric setting gives the same from flags.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from ..decoders.scheduler import CostModel
+from ..errors import UserError
+from ..harness import records
+from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
+from .costs import CalibratedCost, Roofline
+from .policies import AspirePolicy, decoder_settings, make_policy
+from .replay import SimRequest, simulate
+
+# Aggregates about the output text: a simulation has no text.
+TEXT_AGGREGATES = ("distinct4_mean", "distinct4_min", "repetition_collapse_n", "score_n", "score_mean")
+CALIBRATION_SOURCES = ("calibration", "calibration:")
+
+
+def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
+    """This machine's calibration as the run's group used it: the cost model of the group's ASPIRE
+    run (its own first), when it came from a calibration with all four terms."""
+    cands = [record]
+    if record.group:
+        cands += [store.get_run(s["run_id"]) for s in store.list_runs(group=record.group)
+                  if s["run_id"] != record.run_id]
+    for rec in cands:
+        cm = rec.info.get("cost_model")
+        if cm and str(cm.get("source", "")).startswith(CALIBRATION_SOURCES) and rec.info.get("cost_terms") != "paper":
+            return CostModel.from_dict(cm, str(cm["source"]))
+    return None
+
+
+def calibration_file(path: str) -> CostModel:
+    from ..decoders.calibration import cost_model_from
+    p = Path(path)
+    try:
+        return cost_model_from(json.loads(p.read_text()), f"calibration:{p.name}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--calibration {path} is not a calibration ({e}): run `aspire-bench calibrate --out "
+                        f"{path}`") from None
+
+
+def num_layers_of(model: str) -> int:
+    from ..engine.loading import read_config, resolve_model_path
+    try:
+        return read_config(resolve_model_path(model)).num_layers
+    except Exception as e:  # noqa: BLE001 — any unreadable checkpoint is the same user error
+        raise UserError(f"the run's model {model!r} cannot be read for its layer count ({e}): simulate on the "
+                        "machine that has the checkpoint") from None
+
+
+def requests_of(record: records.RunRecord) -> list[SimRequest]:
+    prefill = defaultdict(list)
+    for step in record.steps:
+        for row in step.rows:
+            if row[1] == "prefill":
+                prefill[row[0]].append((int(row[2]), int(row[6])))
+    return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, [])) for r in record.requests]
+
+
+def _is_aspire(name: str) -> bool:
+    from ..decoders import _REGISTRY
+    return name in _REGISTRY and _REGISTRY[name][1] == "AspireDecoder"
+
+
+def simulate_stored(record: records.RunRecord, cost) -> tuple:
+    """(GenerationOutput, assumptions) of the run's own trace replayed through its decoder's
+    scheduling with the step-cost model `cost`."""
+    name = record.config.get("decoder")
+    settings = decoder_settings(name, record.info)
+    layers, sched_cost = 0, None
+    if _is_aspire(name):
+        layers = num_layers_of(record.config["model"])
+        cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
+        sched_cost = CostModel.from_dict(cm, str(cm.get("source"))) if cm else cost.scheduler_model()
+    policy = make_policy(name, settings, sched_cost, int(record.config.get("page_size", 16)), layers)
+    acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
+    reqs = requests_of(record)
+    out = simulate(reqs, policy, acceptance, cost, int(record.config["batch_size"]), info=settings)
+    assumptions = {
+        "source_run": record.run_id, **cost.describe(), **acceptance.describe(),
+        "scheduler_cost_model": sched_cost.to_dict() if sched_cost else None,
+        "requests": "the run's own: prompt and output lengths, prefill rows (costed by the model)",
+        "not_modelled": "host time outside engine forwards (sampling, scheduling, Python) beyond what the "
+                        "cost model's fit absorbs; timing noise",
+    }
+    return out, assumptions
+
+
+def parametric_requests(context: int, batch: int, n_requests: int, max_new: int) -> list[SimRequest]:
+    """Requests of one prompt length, already prefilled (prefill costs nothing: the paper's decode
+    throughput excludes it, and with all prompts equal no prefill stalls a decode window)."""
+    return [SimRequest(f"sim-{i}", context, max_new) for i in range(n_requests)]
+
+
+def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, n_requests: int,
+                        max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
+                        scheduler_cost: CostModel | None = None) -> tuple:
+    settings = decoder_settings(name)
+    policy = make_policy(name, settings, scheduler_cost or (cost.scheduler_model() if _is_aspire(name) else None),
+                         page_size, num_layers)
+    acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, policy.draft_kind, seed)
+    out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
+                   info=settings)
+    assumptions = {
+        **cost.describe(), **(acceptance.describe() if acceptance else {"acceptance": None}),
+        "scheduler_cost_model": policy.cost.to_dict() if isinstance(policy, AspirePolicy) else None,
+        "requests": f"{n_requests} requests of {context} prompt tokens, {max_new} output tokens each (equal "
+                    "work), admitted as slots free; prefill not costed",
+        "not_modelled": "prefill; host-side scheduling and sampling; kernel efficiency beyond the profile's "
+                        "efficiency factors; acceptance correlated across tokens",
+    }
+    return out, assumptions
+
+
+def to_record(out, config: dict, assumptions: dict, env: dict, group: str | None = None) -> records.RunRecord:
+    prompt_lens = {r.id: p for r, p in zip(out.results, config.pop("_prompt_lens"))}
+    rec = records.from_output({**config, "simulated": assumptions}, out, prompt_lens, env, group=group,
+                              tag="simulated")
+    rec.kind = "simulated"
+    for k in TEXT_AGGREGATES:
+        rec.aggregates.pop(k, None)
+    return rec
