@@ -374,8 +374,9 @@ def _register_commands():
     from .harness.sweep_cli import COMMANDS as sweep_commands
     from .lm_eval_cli import COMMANDS as lm_eval_commands
     from .report.cli import COMMANDS as report_commands
+    from .simulator.cli import COMMANDS as simulator_commands
     for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands,
-                *diagnose_commands):
+                *diagnose_commands, *simulator_commands):
         main.add_command(cmd)
 
 
