@@ -16,7 +16,12 @@ from aspire_bench.harness import metrics
 from aspire_bench.harness.records import RunRecord, StepRecord
 from aspire_bench.harness.runner import RunConfig, run
 from aspire_bench.harness.store import Store
-from aspire_bench.simulator.acceptance import ParametricAcceptance, ReplayAcceptance, parse_alpha, token_stream
+from aspire_bench.simulator.acceptance import (
+    ParametricAcceptance,
+    ReplayAcceptance,
+    parse_alpha,
+    token_stream,
+)
 from aspire_bench.simulator.costs import CalibratedCost, Hardware, ModelShape, Roofline
 from aspire_bench.simulator.policies import ARPolicy, decoder_settings, make_policy
 from aspire_bench.simulator.replay import SimRequest, simulate
@@ -108,7 +113,7 @@ def retimed(record: RunRecord, cost: CalibratedCost) -> RunRecord:
 
 
 def as_output(rec: RunRecord):
-    from aspire_bench.decoders.base import GenerationOutput, RequestResult, StepTrace, RowTrace
+    from aspire_bench.decoders.base import GenerationOutput, RequestResult, RowTrace, StepTrace
     return GenerationOutput(
         [RequestResult(r.id, r.output_ids, r.finish_reason, r.token_times) for r in rec.requests],
         [StepTrace(s.index, s.t_start, s.t_end, [RowTrace(*row) for row in s.rows]) for s in rec.steps],

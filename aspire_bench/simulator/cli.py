@@ -12,10 +12,10 @@ from ..harness.store import DEFAULT_PATH, Store
 from ..harness.tables import emit, info
 
 ASSUMPTIONS = (
-    "Step times come from the cost model alone: host time outside engine forwards (sampling, Python "
-    "scheduling) is not modelled beyond what the model's fixed term absorbs.",
-    "Each decoder's scheduling is replayed with its own settings; ASPIRE decides with the cost model its "
-    "run used (stored runs) or a calibration-like fit of the step-cost model (parametric).",
+    ("Step times come from the cost model alone: host time outside engine forwards (sampling, Python "
+    "scheduling) is not modelled beyond what the model's fixed term absorbs."),
+    ("Each decoder's scheduling is replayed with its own settings; ASPIRE decides with the cost model its "
+    "run used (stored runs) or a calibration-like fit of the step-cost model (parametric)."),
 )
 
 
@@ -63,7 +63,8 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     With --run/--group: the stored runs' own traces (requests, acceptance outcomes, settings) replayed
     with this machine's calibration (or a roofline). Without: a parametric setting (--model-shape,
     --hardware or --calibration, --context, --batch, --alpha)."""
-    from .rows import parametric_rows, save as save_records, stored_rows
+    from .rows import parametric_rows, stored_rows
+    from .rows import save as save_records
     roofline = _roofline(hardware, model_shape, dtype) if hardware else None
     if hardware is None and model_shape and (run_ids or group):
         raise UserError("--model-shape needs --hardware (it shapes the roofline): add --hardware")

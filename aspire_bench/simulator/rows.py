@@ -5,8 +5,8 @@ and the others below); bench/validate_simulator.py and bench/gpu_decoders.py bui
 """
 from __future__ import annotations
 
-from ..harness import records
 from ..errors import UserError
+from ..harness import records
 from .costs import CalibratedCost
 from .source import (
     calibration_file,
@@ -15,6 +15,11 @@ from .source import (
     stored_calibration,
     to_record,
 )
+
+
+def _gamma(settings: dict):
+    """The fixed draft length, None for an adaptive scheduler (or AR)."""
+    return settings.get("gamma") if settings.get("policy", "fixed") == "fixed" else None
 
 
 def _tpot(agg: dict):
@@ -51,7 +56,7 @@ def stored_rows(store, run_ids, calibration: str | None = None, roofline=None) -
         rows.append({
             "decoder": record.config.get("decoder"), "run_id": record.run_id, "group": record.group,
             "context": record.config.get("context_len"), "batch_size": record.config.get("batch_size"),
-            "temperature": record.config.get("temperature"), "gamma": record.info.get("gamma"),
+            "temperature": record.config.get("temperature"), "gamma": _gamma(record.info),
             "simulated_decode_tok_s": sim.aggregates.get("decode_tok_s"),
             "measured_decode_tok_s": measured.get("decode_tok_s"),
             "simulated_tpot_p50_s": _tpot(sim.aggregates), "measured_tpot_p50_s": _tpot(measured),
@@ -78,7 +83,7 @@ def parametric_rows(decoders, cost, table, contexts, batches, n_requests: int | 
                 recs.append(sim)
                 rows.append({
                     "decoder": name, "run_id": None, "context": context, "batch_size": batch,
-                    "gamma": out.info.get("gamma"),
+                    "gamma": _gamma(out.info),
                     "simulated_decode_tok_s": sim.aggregates.get("decode_tok_s"), "measured_decode_tok_s": None,
                     "simulated_tpot_p50_s": _tpot(sim.aggregates), "measured_tpot_p50_s": None,
                     "simulated_mean_accepted_len": sim.aggregates.get("mean_accepted_len"),

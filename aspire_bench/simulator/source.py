@@ -15,7 +15,6 @@ from ..decoders.scheduler import CostModel
 from ..errors import UserError
 from ..harness import records
 from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
-from .costs import CalibratedCost, Roofline
 from .policies import AspirePolicy, decoder_settings, make_policy
 from .replay import SimRequest, simulate
 
