@@ -22,6 +22,7 @@ from ..errors import UserError
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 HARDWARE_DIR = ASSETS / "hardware"
 SHAPES_DIR = ASSETS / "shapes"
+TINY_SHAPE = str(ASSETS / "tiny" / "config.json")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -81,7 +82,7 @@ class ModelShape:
         d, name = _read_json(spec, SHAPES_DIR, "model shape", "--model-shape")
         try:
             heads = int(d["num_attention_heads"])
-            dt = dtype or str(d.get("torch_dtype") or "bfloat16")
+            dt = dtype or str(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
             if dt not in DTYPE_BYTES:
                 raise UserError(f"--model-shape {name}: dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}: "
                                 "pass --dtype")
