@@ -171,3 +171,22 @@ class Roofline:
     def describe(self) -> dict:
         return {"cost_model": "roofline", "hardware": asdict(self.hw), "model_shape": asdict(self.shape),
                 "weight_bytes": self.weight_bytes, "kv_bytes_per_position": self.shape.kv_bytes_per_position}
+
+
+def profile_for(device_name: str | None) -> str | None:
+    """The bundled profile of a GPU by its CUDA name (None when none fits)."""
+    name = (device_name or "").upper()
+    for key, profile in (("H200", "h200"), ("H100 NVL", "h100-nvl"), ("H100", "h100"), ("A100", "a100")):
+        if key in name:
+            return profile
+    return None
+
+
+def predicted_step_ms(roofline: Roofline, cell: dict) -> dict:
+    """The roofline's time of each step kind of a bench/step_costs.py cell (batch rows of one kind)."""
+    batch, gamma = cell["batch"], cell["gamma"]
+    out = {}
+    for kind, kv in cell.get("kv_positions_per_row", {}).items():
+        n = gamma + 1 if kind == "verify" else 1
+        out[kind] = roofline.step_time([(kind, n, kv + (n if kind in ("ar", "verify") else 1))] * batch) * 1e3
+    return out
