@@ -194,3 +194,48 @@ def test_parametric_roofline_projection_runs_and_aspire_gains_over_ar(tmp_path):
     assert all(r["measured_decode_tok_s"] is None for r in rows.values())
     with Store(tmp_path / "p.db", readonly=True) as st:
         assert {s["kind"] for s in st.list_runs()} == {"simulated"}
+
+
+def test_paper_alpha_inverts_the_expected_accepted_fraction():
+    from aspire_bench.simulator import paper
+    for rate, gamma in (*paper.REPORTED_ACCEPTANCE.values(), paper.CROSS_CHECK):
+        a = paper.alpha_from_rate(rate, gamma)
+        assert paper.expected_accepted(a, gamma) / gamma == pytest.approx(rate, abs=1e-9)
+    assert paper.paper_speedup("qwen3-8b", "aspire", 35 * 1024) == 2.30
+    assert paper.paper_speedup("qwen3-8b", "aspire", 1000) is None
+
+
+def test_projected_page_lists_simulated_runs_with_the_papers_speedup(tmp_path):
+    from aspire_bench.report import write_report
+    db = tmp_path / "p.db"
+    res = CliRunner().invoke(main, ["simulate", "--store", str(db), "--hardware", "h100-nvl", "--model-shape",
+                                    "qwen3-8b", "--context", str(35 * 1024), "--batch", "8", "--alpha", "0.9",
+                                    "--max-new-tokens", "32", "--decoders", "ar,aspire"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "report"
+    index = write_report(db, out).read_text()
+    projected = (out / "projected.html").read_text()
+    assert "projected.html" in index and "aspire" not in index.split("projected.html")[1]
+    assert projected.count("<tr>") == 3  # header + ar + aspire
+    assert 'data-v="2.3"' in projected  # the paper's Qwen3-8B ASPIRE speedup at 30-40k
+
+
+def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import validate_simulator
+    db = str(tmp_path / "v.db")
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps({**COST.to_dict(), "source": "calibration"}))
+    for decoder in ("ar", "magicdec"):
+        rec = run(RunConfig(model=str(random_tiny), decoder=decoder, task="needle", context_len="1k", limit=2,
+                            batch_size=2, max_new_tokens=6, warmup=False), show_progress=False).record
+        with Store(db) as st:
+            st.save_run(rec)
+    rows = validate_simulator.validate(db, ["ar", "magicdec"], str(calib))
+    assert [r["decoder"] for r in rows] == ["ar", "magicdec"]
+    assert all(r["error"] == pytest.approx(r["simulated_decode_tok_s"] / r["measured_decode_tok_s"] - 1) for r in rows)
+    assert validate_simulator.main(["--store", db, "--calibration", str(calib)]) == 0
+    printed = capsys.readouterr().out
+    assert "/2 runs within" in printed and printed.count("| needle") == 0 and printed.count("| 1k |") == 2
