@@ -84,6 +84,7 @@ def part_shape(out: Path, shape: str, contexts, repeats: int, deadline: float, d
 
 def part_simulator(out: Path, gpu: str | None, shape: str, shape_dtype: str, shape_results: list[dict],
                    dry_run: bool) -> dict:
+    from aspire_bench.errors import UserError
     from aspire_bench.harness.store import Store
     from aspire_bench.simulator.costs import (
         TINY_SHAPE,
@@ -112,7 +113,7 @@ def part_simulator(out: Path, gpu: str | None, shape: str, shape_dtype: str, sha
                 for r in calibrated:
                     r["step_costs"] = "calibration"
                 rows += calibrated
-            except Exception as e:  # no calibration in a group: the roofline rows still stand
+            except UserError as e:  # no calibration in a group: the roofline rows still stand
                 print(f"simulator: calibration replay skipped ({e})", flush=True)
         result["runs"] = [{k: v for k, v in r.items() if k != "assumptions"} for r in rows]
     roof = Roofline(hw, ModelShape.load(TINY_SHAPE if shape == "tiny" else shape, shape_dtype))

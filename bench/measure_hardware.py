@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
 
 def best_time(fn, repeats: int = 7) -> float:
@@ -48,7 +48,7 @@ def read_bandwidth_gbs(nbytes: int = 1 << 29) -> float:
 def step_overhead_us(profile: dict) -> float:
     from aspire_bench.engine import Row
     from aspire_bench.harness.runner import load_engine
-    from aspire_bench.simulator.costs import Hardware, ModelShape, Roofline, TINY_SHAPE
+    from aspire_bench.simulator.costs import TINY_SHAPE, Hardware, ModelShape, Roofline
     engine = load_engine("tiny", "float32", "cpu", "auto")
     engine.reserve(64)
     slot = engine.alloc(64)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aspire_bench.simulator import paper  # noqa: E402
-from aspire_bench.simulator.costs import Hardware, ModelShape, Roofline  # noqa: E402
-from aspire_bench.simulator.rows import parametric_rows, save  # noqa: E402
+from aspire_bench.simulator import paper
+from aspire_bench.simulator.costs import Hardware, ModelShape, Roofline
+from aspire_bench.simulator.rows import parametric_rows, save
 
 SHAPES = ("qwen3-1.7b", "qwen3-8b")
 BATCHES = (8, 16, 32, 64)
@@ -47,7 +47,7 @@ def project(hardware: str, batches=BATCHES, max_new: int = 256, requests_per_slo
 def table(rows, batches=BATCHES) -> str:
     head = "| model | context | decoder | paper × AR | " + " | ".join(f"projected × AR, batch {b}" for b in batches) + " |"
     lines = [head, "|---|---|---|---:|" + "---:|" * len(batches)]
-    labels = dict((c, label) for label, c in paper.BUCKETS)
+    labels = {c: label for label, c in paper.BUCKETS}
     for name in SHAPES:
         for _, ctx in paper.BUCKETS:
             for dec in DECODERS[1:]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aspire_bench.harness.store import Store  # noqa: E402
-from aspire_bench.simulator.rows import stored_rows  # noqa: E402
+from aspire_bench.harness.store import Store
+from aspire_bench.simulator.rows import stored_rows
 
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
 
