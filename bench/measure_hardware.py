@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 
-def best_time(fn, repeats: int = 7) -> float:
+def best_time(fn, repeats: int = 15) -> float:
     fn()
     times = []
     for _ in range(repeats):

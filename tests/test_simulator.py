@@ -239,3 +239,19 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
     assert validate_simulator.main(["--store", db, "--calibration", str(calib)]) == 0
     printed = capsys.readouterr().out
     assert "/2 runs within" in printed and printed.count("| needle") == 0 and printed.count("| 1k |") == 2
+
+
+def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
+    db = str(tmp_path / "r.db")
+    rec = run(RunConfig(model=str(random_tiny), task="needle", context_len="1k", limit=2, batch_size=2,
+                        max_new_tokens=6, warmup=False), show_progress=False).record
+    with Store(db) as st:
+        rid = st.save_run(rec)
+    runner = CliRunner()
+    own = runner.invoke(main, ["simulate", "--store", db, "--run", str(rid), "--hardware", "a100", "--json", "--no-save"])
+    explicit = runner.invoke(main, ["simulate", "--store", db, "--run", str(rid), "--hardware", "a100", "--json",
+                                    "--no-save", "--model-shape", str(random_tiny), "--dtype", "float32"])
+    assert own.exit_code == explicit.exit_code == 0, own.output + explicit.output
+    a, b = json.loads(own.stdout)[0], json.loads(explicit.stdout)[0]
+    assert a["assumptions"]["model_shape"]["dtype"] == "float32"  # the run's dtype, not the checkpoint's
+    assert a["simulated_decode_tok_s"] == b["simulated_decode_tok_s"]

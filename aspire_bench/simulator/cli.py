@@ -38,7 +38,8 @@ def _contexts(ctx, param, value):
               help="Model shape for the roofline: qwen3-1.7b, qwen3-8b, or a Hugging Face config.json (or its "
                    "folder). Default for stored runs: the run's model's config.json.")
 @click.option("--dtype", default=None, type=click.Choice(["bfloat16", "float16", "float32"]),
-              help="Weights and KV dtype for the roofline (default: the shape's torch_dtype).")
+              help="Weights and KV dtype for the roofline (default: the dtype a stored run ran in, else the "
+                   "shape's torch_dtype).")
 @click.option("--decoders", default="ar,magicdec,vegas,aspire", show_default=True, callback=csv_list,
               help="Parametric mode: the decoders to simulate.")
 @click.option("--context", "contexts", default="16k", show_default=True, callback=_contexts,
@@ -65,10 +66,15 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     --hardware or --calibration, --context, --batch, --alpha)."""
     from .rows import parametric_rows, stored_rows
     from .rows import save as save_records
-    roofline = _roofline(hardware, model_shape, dtype) if hardware else None
-    if hardware is None and model_shape and (run_ids or group):
+    stored = bool(run_ids or group)
+    if hardware is None and model_shape and stored:
         raise UserError("--model-shape needs --hardware (it shapes the roofline): add --hardware")
-    if run_ids or group:
+    roofline = None
+    if hardware and (model_shape or not stored):
+        roofline = _roofline(hardware, model_shape, dtype)
+    elif hardware:  # each stored run's own model and dtype
+        roofline = _run_roofline(hardware, dtype)
+    if stored:
         with Store(store_path, readonly=True) as store:
             ids = list(run_ids)
             if group:
@@ -110,6 +116,19 @@ def _roofline(hardware, model_shape, dtype):
     if not model_shape:
         raise UserError("--hardware needs --model-shape (qwen3-1.7b, qwen3-8b or a config.json)")
     return Roofline(Hardware.load(hardware), ModelShape.load(model_shape, dtype))
+
+
+def _run_roofline(hardware, dtype):
+    """A roofline per stored run: its model's config.json, in the dtype it ran (or --dtype)."""
+    from .costs import DTYPE_BYTES, Hardware, ModelShape, Roofline
+    from .source import model_config_path
+    hw = Hardware.load(hardware)
+
+    def for_run(record):
+        run_dtype = dtype or record.config.get("dtype")
+        return Roofline(hw, ModelShape.load(str(model_config_path(record.config["model"])),
+                                            run_dtype if run_dtype in DTYPE_BYTES else None))
+    return for_run
 
 
 def _num(v, spec=".1f"):

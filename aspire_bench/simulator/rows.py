@@ -27,10 +27,10 @@ def _tpot(agg: dict):
 
 
 def stored_cost(store, record, calibration: str | None, roofline=None):
-    """The step-cost model for a stored run: a roofline when given, else --calibration, else the
-    calibration the run's group used."""
+    """The step-cost model for a stored run: a roofline when given (or a function of the run that
+    gives one), else --calibration, else the calibration the run's group used."""
     if roofline is not None:
-        return roofline
+        return roofline(record) if callable(roofline) else roofline
     if calibration:
         return CalibratedCost(calibration_file(calibration))
     model = stored_calibration(store, record)

@@ -47,6 +47,15 @@ def calibration_file(path: str) -> CostModel:
                         f"{path}`") from None
 
 
+def model_config_path(model: str) -> Path:
+    from ..engine.loading import resolve_model_path
+    try:
+        return resolve_model_path(model) / "config.json"
+    except UserError as e:
+        raise UserError(f"the run's model {model!r} is not on this machine ({e}): pass --model-shape with its "
+                        "config.json") from None
+
+
 def num_layers_of(model: str) -> int:
     from ..engine.loading import read_config, resolve_model_path
     try:
