@@ -23,7 +23,7 @@ from aspire_bench.simulator.acceptance import (
     token_stream,
 )
 from aspire_bench.simulator.costs import CalibratedCost, Hardware, ModelShape, Roofline
-from aspire_bench.simulator.policies import ARPolicy, decoder_settings, make_policy
+from aspire_bench.simulator.policies import SimPolicy
 from aspire_bench.simulator.replay import SimRequest, simulate
 from aspire_bench.simulator.source import simulate_stored
 
@@ -58,7 +58,7 @@ def test_ar_on_a_known_cost_model_by_hand():
     """Two requests, batch 2, 3 output tokens, no prefill cost: the first token is free, then two
     decode steps of 2 rows, each reading its request's prompt and committed tokens."""
     reqs = [SimRequest("a", 100, 3), SimRequest("b", 200, 3)]
-    out = simulate(reqs, ARPolicy(), None, CalibratedCost(COST), 2)
+    out = simulate(reqs, SimPolicy("ar"), None, CalibratedCost(COST), 2)
     step1 = COST.step_time(2, 101 + 201, 101 + 201)
     step2 = COST.step_time(2, 102 + 202, 102 + 202)
     assert [s.wall for s in out.steps] == pytest.approx([step1, step2])
@@ -89,12 +89,12 @@ def test_bundled_shapes_have_the_published_parameter_counts():
 
 
 def test_aspire_defaults_come_from_the_decoder():
-    s = decoder_settings("aspire", {"omega": 0.5, "decoder": "aspire"})
+    s = SimPolicy("aspire", {"omega": 0.5, "decoder": "aspire", "gamma": None, "cost_model": {}}, COST, 16, 4).settings
     assert (s["alpha0"], s["d_max"], s["gamma_init"], s["omega"]) == (0.9, 16, 3, 0.5)
-    assert decoder_settings("aspire-fsm")["policy"] == "fsm"
+    assert SimPolicy("aspire-fsm", None, COST, 16, 4).settings["policy"] == "fsm"
     from aspire_bench.errors import UserError
     with pytest.raises(UserError, match="oracle"):
-        make_policy("aspire-oracle", decoder_settings("aspire-oracle"), COST, 16, 4)
+        SimPolicy("aspire-oracle", None, COST, 16, 4)
 
 
 def retimed(record: RunRecord, cost: CalibratedCost) -> RunRecord:
@@ -133,6 +133,8 @@ def test_replay_of_a_real_trace_on_a_fake_clock_is_exact(random_tiny, decoder, a
            [[(w.request, w.kind, w.n_tokens) for w in s.rows] for s in out.steps]
     assert [[r[6] for r in s.rows] for s in expected.steps] == [[w.kv_read for w in s.rows] for s in out.steps]
     assert [r.verifications for r in record.requests] == [r.verifications for r in out.results]
+    # what each scheduler saw at each verification (ASPIRE: alpha, c, gamma; fixed-gamma: gamma)
+    assert [r.extra.get("schedule") for r in record.requests] == [r.extra.get("schedule") for r in out.results]
     assert metrics.decode_tok_s(out) == pytest.approx(metrics.decode_tok_s(as_output(expected)), rel=1e-12)
     assert assumptions["acceptance"] == "replay"
 

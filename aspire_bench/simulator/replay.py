@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..decoders.base import DECODE as K_DECODE
 from ..decoders.base import DRAFT as K_DRAFT
 from ..decoders.base import PREFILL, VERIFY, GenerationOutput, RequestResult, RowTrace, StepTrace
-from .policies import DRAFT, SimState
+from .policies import DRAFT
 
 
 @dataclass
@@ -29,56 +29,60 @@ class SimRequest:
 def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None = None) -> GenerationOutput:
     t = 0.0
     steps: list[StepTrace] = []
-    waiting = deque(requests)
-    active: list[SimState] = []
-    done: dict[str, SimState] = {}
+    waiting = deque(enumerate(requests))
+    active: list = []
+    done: dict[str, object] = {}
 
-    def commit(st: SimState, n: int, when: float) -> int:
-        n = min(n, st.max_new - st.out)
-        st.out += n
-        st.times.extend([when] * n)
+    def commit(seq, n: int, when: float) -> int:
+        n = min(n, seq.req.max_new_tokens - len(seq.out))
+        seq.out.extend([0] * n)
+        seq.times.extend([when] * n)
         return n
+
+    def finished(seq) -> bool:
+        return len(seq.out) >= seq.req.max_new_tokens
 
     while waiting or active:
         while waiting and len(active) < batch:
-            req = waiting.popleft()
-            st = SimState(req.id, req.prompt_len, req.max_new)
-            for i, (n, kv) in enumerate(req.prefill):
+            i, req = waiting.popleft()
+            seq = policy.new_sequence(i, req.id, req.prompt_len, req.max_new)
+            for j, (n, kv) in enumerate(req.prefill):
                 t0, t = t, t + cost.step_time([(PREFILL, n, kv)])
-                last = i == len(req.prefill) - 1
-                steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(st, 1, t) if last
+                last = j == len(req.prefill) - 1
+                steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(seq, 1, t) if last
                                                                     else 0, kv_read=kv)]))
             if not req.prefill:
-                commit(st, 1, t)
-            st.sel_len = st.context_len - 1
-            (done.__setitem__(st.id, st) if st.out >= st.max_new else active.append(st))
+                commit(seq, 1, t)
+            policy.admitted(seq)
+            (done.__setitem__(req.id, seq) if finished(seq) else active.append(seq))
         if not active:
             continue
         plan = policy.plan(active, len(active))
-        rows = [(st, r) for st, r in zip(active, plan) if r is not None]
+        rows = [(seq, r) for seq, r in zip(active, plan) if r is not None]
         t0, t = t, t + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
-        for st, (kind, n, kv) in rows:
+        for seq, (kind, n, kv) in rows:
+            rid = seq.req.id
             if kind == DRAFT:
-                st.pending += 1
-                trace.rows.append(RowTrace(st.id, K_DRAFT, 1, 0, kv_read=kv))
+                seq.pending.append(0)
+                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, kv_read=kv))
             elif kind == VERIFY:
-                d = st.pending
-                a = acceptance.accept(st.id, d, st.context_len + d)
-                st.pending = 0
-                c = commit(st, a + 1, t)
-                st.verifications.append((d, a))
-                policy.observe(st, d, a)
-                trace.rows.append(RowTrace(st.id, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv))
+                d = len(seq.pending)
+                a = acceptance.accept(rid, d, seq.context_len + d)
+                seq.pending = []
+                c = commit(seq, a + 1, t)
+                seq.verifications.append((d, a))
+                policy.observe(seq, d, a)
+                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv))
             else:
-                trace.rows.append(RowTrace(st.id, K_DECODE, 1, commit(st, 1, t), kv_read=kv))
+                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv))
         steps.append(trace)
-        for st in [s for s in active if s.out >= s.max_new]:
-            active.remove(st)
-            done[st.id] = st
+        for seq in [s for s in active if finished(s)]:
+            active.remove(seq)
+            done[seq.req.id] = seq
     results = []
     for req in requests:
-        st = done[req.id]
-        extra = {"schedule": st.schedule} if st.schedule else {}
-        results.append(RequestResult(req.id, [0] * st.out, "length", st.times, 0.0, 0.0, st.verifications, extra))
+        seq = done[req.id]
+        extra = {k: v for k, v in seq.extra.items() if not k.startswith("_")}
+        results.append(RequestResult(req.id, seq.out, "length", seq.times, 0.0, 0.0, seq.verifications, extra))
     return GenerationOutput(results, steps, 0.0, t, info=dict(info or {}))

@@ -15,7 +15,7 @@ from ..decoders.scheduler import CostModel
 from ..errors import UserError
 from ..harness import records
 from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
-from .policies import AspirePolicy, decoder_settings, make_policy
+from .policies import SimPolicy
 from .replay import SimRequest, simulate
 
 # Aggregates about the output text: a simulation has no text.
@@ -83,16 +83,15 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
     """(GenerationOutput, assumptions) of the run's own trace replayed through its decoder's
     scheduling with the step-cost model `cost`."""
     name = record.config.get("decoder")
-    settings = decoder_settings(name, record.info)
     layers, sched_cost = 0, None
     if _is_aspire(name):
         layers = num_layers_of(record.config["model"])
         cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
         sched_cost = CostModel.from_dict(cm, str(cm.get("source"))) if cm else cost.scheduler_model()
-    policy = make_policy(name, settings, sched_cost, int(record.config.get("page_size", 16)), layers)
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers)
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
-    out = simulate(reqs, policy, acceptance, cost, int(record.config["batch_size"]), info=settings)
+    out = simulate(reqs, policy, acceptance, cost, int(record.config["batch_size"]), info=policy.settings)
     assumptions = {
         "source_run": record.run_id, **cost.describe(), **acceptance.describe(),
         "scheduler_cost_model": sched_cost.to_dict() if sched_cost else None,
@@ -112,15 +111,14 @@ def parametric_requests(context: int, batch: int, n_requests: int, max_new: int)
 def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, n_requests: int,
                         max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
                         scheduler_cost: CostModel | None = None) -> tuple:
-    settings = decoder_settings(name)
-    policy = make_policy(name, settings, scheduler_cost or (cost.scheduler_model() if _is_aspire(name) else None),
-                         page_size, num_layers)
+    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model() if _is_aspire(name) else None),
+                       page_size, num_layers)
     acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, policy.draft_kind, seed)
     out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
-                   info=settings)
+                   info=policy.settings)
     assumptions = {
         **cost.describe(), **(acceptance.describe() if acceptance else {"acceptance": None}),
-        "scheduler_cost_model": policy.cost.to_dict() if isinstance(policy, AspirePolicy) else None,
+        "scheduler_cost_model": policy.scheduler_cost.to_dict() if policy.scheduler_cost else None,
         "requests": f"{n_requests} requests of {context} prompt tokens, {max_new} output tokens each (equal "
                     "work), admitted as slots free; prefill not costed",
         "not_modelled": "prefill; host-side scheduling and sampling; kernel efficiency beyond the profile's "
