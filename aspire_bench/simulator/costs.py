@@ -128,7 +128,7 @@ class CalibratedCost:
         qk = sum(r[1] * r[2] for r in rows)
         return self.model.step_time(n, kv, qk)
 
-    def scheduler_model(self) -> CostModel:
+    def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         return self.model
 
     def describe(self) -> dict:
@@ -155,8 +155,9 @@ class Roofline:
         return max(nbytes / self.bw, flops / self.flops) + self.hw.step_overhead_us * 1e-6
 
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
-        """What `aspire-bench calibrate` would fit on this hardware: the linear model fitted to this
-        roofline's times over a calibration-like grid (draft and verify rows mixed, two lengths)."""
+        """What `aspire-bench calibrate --batch-size batch --context-len context` would fit on this
+        hardware: the linear model fitted to this roofline's times over the calibration's grid (draft
+        and verify rows mixed, two lengths)."""
         samples = []
         for length in (context // 4, context):
             for n_verify in sorted({0, batch // 2, batch}):

@@ -83,15 +83,19 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
     """(GenerationOutput, assumptions) of the run's own trace replayed through its decoder's
     scheduling with the step-cost model `cost`."""
     name = record.config.get("decoder")
+    batch = record.config.get("batch_size")
+    if not isinstance(batch, int) or not record.requests:
+        raise UserError(f"run {record.run_id} has no batch size or no requests: it cannot be replayed")
     layers, sched_cost = 0, None
     if _is_aspire(name):
         layers = num_layers_of(record.config["model"])
         cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
-        sched_cost = CostModel.from_dict(cm, str(cm.get("source"))) if cm else cost.scheduler_model()
+        sched_cost = (CostModel.from_dict(cm, str(cm.get("source"))) if cm else
+                      cost.scheduler_model(batch, max(r.prompt_len for r in record.requests)))
     policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers)
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
-    out = simulate(reqs, policy, acceptance, cost, int(record.config["batch_size"]), info=policy.settings)
+    out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)
     assumptions = {
         "source_run": record.run_id, **cost.describe(), **acceptance.describe(),
         "scheduler_cost_model": sched_cost.to_dict() if sched_cost else None,
@@ -111,7 +115,9 @@ def parametric_requests(context: int, batch: int, n_requests: int, max_new: int)
 def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, n_requests: int,
                         max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
                         scheduler_cost: CostModel | None = None) -> tuple:
-    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model() if _is_aspire(name) else None),
+    # ASPIRE decides with what a calibration on this hardware at this cell's batch and context would fit
+    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context) if _is_aspire(name)
+                                                      else None),
                        page_size, num_layers)
     acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, policy.draft_kind, seed)
     out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
