@@ -257,3 +257,25 @@ def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, t
     a, b = json.loads(own.stdout)[0], json.loads(explicit.stdout)[0]
     assert a["assumptions"]["model_shape"]["dtype"] == "float32"  # the run's dtype, not the checkpoint's
     assert a["simulated_decode_tok_s"] == b["simulated_decode_tok_s"]
+
+
+def test_alpha_from_stored_runs_is_the_maximum_likelihood_estimate(random_tiny, tmp_path):
+    from aspire_bench.simulator.acceptance import alpha_mle
+    assert alpha_mle([(3, 3), (3, 1), (0, 0)]) == pytest.approx(4 / 5)  # 4 accepts, 1 early stop
+    assert alpha_mle([(0, 0)]) is None
+    db = str(tmp_path / "a.db")
+    rec = run(RunConfig(model=str(random_tiny), decoder="magicdec", task="needle", context_len="1k", limit=2,
+                        batch_size=2, max_new_tokens=8, temperature=0.7, top_k=50, top_p=0.9, warmup=False),
+              show_progress=False).record
+    with Store(db) as st:
+        rid = st.save_run(rec)
+    res = CliRunner().invoke(main, ["simulate", "--store", db, "--alpha-from-runs", str(rid), "--hardware", "a100",
+                                    "--model-shape", "qwen3-1.7b", "--decoders", "magicdec", "--context", "1k",
+                                    "--max-new-tokens", "8", "--json", "--no-save"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)[0]["assumptions"]["alpha_by_context"]
+    assert got == [[pytest.approx(1024, abs=64), pytest.approx(alpha_mle([v for r in rec.requests
+                                                                           for v in r.verifications]))]]
+    bad = CliRunner().invoke(main, ["simulate", "--store", db, "--alpha-from-runs", str(rid), "--alpha", "0.5",
+                                    "--hardware", "a100", "--model-shape", "qwen3-1.7b", "--no-save"])
+    assert bad.exit_code == 2 and "pass one" in bad.output

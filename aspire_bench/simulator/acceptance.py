@@ -87,6 +87,14 @@ class ParametricAcceptance:
         return {"acceptance": "parametric", "draft_kind": self.kind, "alpha_by_context": self.points}
 
 
+def alpha_mle(verifications) -> float | None:
+    """Maximum-likelihood per-token acceptance of i.i.d. drafts from (drafted, accepted) outcomes:
+    every accepted token is a success, every verification that stopped early one failure."""
+    accepted = sum(min(a, d) for d, a in verifications if d > 0)
+    rejected = sum(1 for d, a in verifications if 0 < d and a < d)
+    return accepted / (accepted + rejected) if accepted + rejected else None
+
+
 def parse_alpha(spec: str | None) -> dict[str, list[tuple[float, float]]]:
     """--alpha: a number for every draft kind, `kind=alpha,...`, or a JSON file
     {kind: [[context, alpha], ...]} (kinds: aspire, magicdec, vegas, or * for any)."""

@@ -49,6 +49,9 @@ def _contexts(ctx, param, value):
 @click.option("--alpha", default=None,
               help="Parametric mode: per-token acceptance: a number, kind=alpha pairs (aspire=0.95,magicdec=0.9) "
                    "or a JSON table {kind: [[context, alpha], ...]}.")
+@click.option("--alpha-from-runs", default=None, callback=lambda c, p, v: csv_positive_ints(c, p, v) if v else None,
+              help="Parametric mode: acceptance measured by these stored runs (comma-separated ids in --store): per "
+                   "draft kind, the per-token alpha that best explains each run's verifications, by its context.")
 @click.option("--requests", "n_requests", default=None, type=click.IntRange(min=1),
               help="Parametric mode: requests per cell (default 4 x batch).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=2),
@@ -58,7 +61,7 @@ def _contexts(ctx, param, value):
               help="Store the results as runs of kind 'simulated' (never ranked on the leaderboard).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
 def simulate_command(store_path, run_ids, group, calibration, hardware, model_shape, dtype, decoders, contexts,
-                     batches, alpha, n_requests, max_new_tokens, seed, save, as_json):
+                     batches, alpha, alpha_from_runs, n_requests, max_new_tokens, seed, save, as_json):
     """Predict decode throughput by replaying decoders' scheduling with a step-cost model.
 
     With --run/--group: the stored runs' own traces (requests, acceptance outcomes, settings) replayed
@@ -94,7 +97,14 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
             raise UserError("a parametric simulation needs step costs: pass --hardware PROFILE or --calibration FILE")
         shape = ModelShape.load(model_shape, dtype)
         cost = roofline or CalibratedCost(calibration_file(calibration))
-        table = parse_alpha(alpha) if any(d != "ar" for d in decoders) else {}
+        if alpha and alpha_from_runs:
+            raise UserError("--alpha and --alpha-from-runs both give the acceptance: pass one")
+        if alpha_from_runs:
+            from .source import measured_alphas
+            with Store(store_path, readonly=True) as store:
+                table = measured_alphas(store, alpha_from_runs)
+        else:
+            table = parse_alpha(alpha) if any(d != "ar" for d in decoders) else {}
         rows, recs = parametric_rows(decoders, cost, table, contexts, batches, n_requests, max_new_tokens,
                                      shape.name, shape.layers, seed=seed)
     if save:
@@ -152,17 +162,23 @@ def _table(rows) -> Table:
 
 
 def _assumption_lines(rows) -> list[str]:
+    """The assumptions of the rows, each distinct one once: step costs, acceptance, requests."""
     lines = list(ASSUMPTIONS)
-    seen = set()
     for r in rows:
         a = r["assumptions"]
-        desc = (f"cost model: {a['cost_model']}"
-                + (f" ({a['hardware']['name']}, {a['model_shape']['name']} {a['model_shape']['dtype']})"
-                   if a["cost_model"] == "roofline" else f" ({a.get('source')})")
-                + f"; acceptance: {a['acceptance']}; requests: {a['requests']}; not modelled: {a['not_modelled']}")
-        if desc not in seen:
-            seen.add(desc)
-            lines.append(desc)
+        costs = (f"step costs: roofline of {a['hardware']['name']} for {a['model_shape']['name']} "
+                 f"({a['model_shape']['dtype']})" if a["cost_model"] == "roofline" else
+                 f"step costs: calibration {a.get('source')}")
+        if a["acceptance"] == "parametric":
+            alphas = ", ".join(f"{a_:.3f} at {c:g}" if c else f"{a_:.3f}" for c, a_ in a["alpha_by_context"])
+            acc = f"acceptance: {a['draft_kind']} drafts, per-token alpha {alphas}, independent per token"
+        elif a["acceptance"] == "replay":
+            acc = "acceptance: the run's own verifications, replayed token by token"
+        else:
+            acc = None
+        for line in (costs, acc, f"requests: {a['requests']}", f"not modelled: {a['not_modelled']}"):
+            if line and line not in lines:
+                lines.append(line)
     return lines
 
 

@@ -106,6 +106,27 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
     return out, assumptions
 
 
+def measured_alphas(store, run_ids) -> dict[str, list[tuple[float, float]]]:
+    """An acceptance table from stored runs: per draft kind, (median prompt length, the per-token
+    alpha that best explains the run's verifications) for each run."""
+    from statistics import median
+
+    from ..decoders import _REGISTRY
+    from .acceptance import alpha_mle
+    from .policies import DRAFT_KINDS
+    table: dict[str, list[tuple[float, float]]] = {}
+    for rid in run_ids:
+        rec = store.get_run(int(rid))
+        name = rec.config.get("decoder")
+        kind = DRAFT_KINDS.get(_REGISTRY.get(name, (None, None))[1])
+        alpha = alpha_mle([v for r in rec.requests for v in r.verifications])
+        if kind is None or alpha is None:
+            raise UserError(f"run {rid} ({name}) has no verifications to estimate an acceptance from: pass runs "
+                            "of magicdec, vegas or aspire")
+        table.setdefault(kind, []).append((float(median(r.prompt_len for r in rec.requests)), alpha))
+    return table
+
+
 def parametric_requests(context: int, batch: int, n_requests: int, max_new: int) -> list[SimRequest]:
     """Requests of one prompt length, already prefilled (prefill costs nothing: the paper's decode
     throughput excludes it, and with all prompts equal no prefill stalls a decode window)."""
