@@ -60,8 +60,12 @@ def test_gpu_decoders_script_dry_run(tmp_path):
     pred = json.loads((out / "simulator_predictions.json").read_text())
     assert pred["profile"] == "cpu-measured"
     bench_rows = json.loads((out / "tiny_bench.json").read_text())
-    assert {r["step_costs"] for r in pred["runs"]} == {"roofline", "calibration"}
-    assert {r["run_id"] for r in pred["runs"]} == {r["run_id"] for r in bench_rows}
+    # Every run through the roofline; through the calibration too when ASPIRE's fit was accepted (a fit
+    # made under heavy load can be rejected, and then the script says so instead).
+    by_costs = {k: {r["run_id"] for r in pred["runs"] if r["step_costs"] == k} for k in ("roofline", "calibration")}
+    assert by_costs["roofline"] == {r["run_id"] for r in bench_rows}
+    assert by_costs["calibration"] in (by_costs["roofline"], set())
+    assert by_costs["calibration"] or "calibration replay skipped" in p.stdout
     assert all(r["simulated_decode_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in pred["runs"])
     assert {"ar", "verify", "aspire"} <= set(pred["step_costs"][0]["predicted_ms"])
     rows = bench_rows
