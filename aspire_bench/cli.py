@@ -252,8 +252,7 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--task", default="code-completion", show_default=True)
 @click.option("--contexts", default="4k,16k,32k", show_default=True, callback=T.csv_contexts)
 @click.option("--batch-sizes", default="1,8", show_default=True, callback=T.csv_positive_ints)
-@click.option("--decoders", default=",".join(("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm",
-                                              "aspire-norefresh")), show_default=True, callback=T.csv_list)
+@click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True, callback=T.csv_list)
 @click.option("--repeat", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--max-new-tokens", default=128, show_default=True, type=T.POSITIVE)
 @click.option("--sampling", default="greedy,paper", show_default=True,
@@ -374,8 +373,9 @@ def _register_commands():
     from .harness.sweep_cli import COMMANDS as sweep_commands
     from .lm_eval_cli import COMMANDS as lm_eval_commands
     from .report.cli import COMMANDS as report_commands
+    from .simulator.cli import COMMANDS as simulator_commands
     for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands,
-                *diagnose_commands):
+                *diagnose_commands, *simulator_commands):
         main.add_command(cmd)
 
 

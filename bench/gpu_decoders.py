@@ -14,6 +14,12 @@
    say nothing about acceptance (drafts of a random model are accepted by chance only), so this part
    reports costs and the speedup those costs allow at given acceptances, never a measured speedup.
 
+3. What the simulator predicts for this device (`<out>/simulator_predictions.json`), so the first GPU
+   run validates the roofline profile: each part-1 run replayed with its own trace through the
+   roofline of the device's bundled profile (h100, h100-nvl, h200, a100; the measured CPU profile in
+   --dry-run) and through the calibration its group used, beside the measured decode tok/s; and the
+   roofline's time of each part-2 step kind beside the measured one.
+
 Each part stops starting new cells when `--budget-s` is spent, and everything measured so far is
 written. Exits with a message when there is no CUDA device.
 """
@@ -76,6 +82,52 @@ def part_shape(out: Path, shape: str, contexts, repeats: int, deadline: float, d
     return results
 
 
+def part_simulator(out: Path, gpu: str | None, shape: str, shape_dtype: str, shape_results: list[dict],
+                   dry_run: bool) -> dict:
+    from aspire_bench.errors import UserError
+    from aspire_bench.harness.store import Store
+    from aspire_bench.simulator.costs import (
+        TINY_SHAPE,
+        Hardware,
+        ModelShape,
+        Roofline,
+        predicted_step_ms,
+        profile_for,
+    )
+    from aspire_bench.simulator.rows import stored_rows
+    profile = "cpu-measured" if dry_run else profile_for(gpu)
+    if profile is None:
+        return {"profile": None, "note": f"no bundled profile for {gpu!r}: add one and rerun the simulator"}
+    hw = Hardware.load(profile)
+    result = {"profile": profile, "hardware": hw.name, "runs": [], "step_costs": []}
+    db = out / "gpu_decoders.db"
+    if db.exists():
+        with Store(db, readonly=True) as store:
+            ids = [s["run_id"] for s in store.list_runs(kind="measured") if s["status"] == "ok"]
+            roof = Roofline(hw, ModelShape.load(TINY_SHAPE, "float32"))
+            rows, _ = stored_rows(store, ids, roofline=roof)
+            for r in rows:
+                r["step_costs"] = "roofline"
+            try:
+                calibrated, _ = stored_rows(store, ids)
+                for r in calibrated:
+                    r["step_costs"] = "calibration"
+                rows += calibrated
+            except UserError as e:  # no calibration in a group: the roofline rows still stand
+                print(f"simulator: calibration replay skipped ({e})", flush=True)
+        result["runs"] = [{k: v for k, v in r.items() if k != "assumptions"} for r in rows]
+    roof = Roofline(hw, ModelShape.load(TINY_SHAPE if shape == "tiny" else shape, shape_dtype))
+    for cell in shape_results:
+        pred = predicted_step_ms(roof, cell)
+        result["step_costs"].append({"context": cell["context"], "batch": cell["batch"], "gamma": cell["gamma"],
+                                     "measured_ms": {k: cell["ms"].get(k) for k in pred}, "predicted_ms": pred})
+    (out / "simulator_predictions.json").write_text(json.dumps(result, indent=1, default=str))
+    for r in result["runs"]:
+        print(f"simulated {r['decoder']} {r['context']} ({r['step_costs']}): {r['simulated_decode_tok_s']:.1f} tok/s, "
+              f"measured {r['measured_decode_tok_s']:.1f}", flush=True)
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("gpu_decoders"), help="folder for the JSON files and store")
@@ -110,13 +162,20 @@ def main(argv=None) -> int:
     except Exception as e:  # record and go on: part 2 does not depend on part 1
         status["bench"] = f"failed: {type(e).__name__}: {e}"
         print(status["bench"], flush=True)
+    shape_results = []
     try:
-        part_shape(a.out, shape, shape_contexts, 3 if a.dry_run else 10, t0 + a.budget_s, shape_dtype, device,
-                   backend)
+        shape_results = part_shape(a.out, shape, shape_contexts, 3 if a.dry_run else 10, t0 + a.budget_s,
+                                   shape_dtype, device, backend)
         status["step_costs"] = "ok"
     except Exception as e:
         status["step_costs"] = f"failed: {type(e).__name__}: {e}"
         print(status["step_costs"], flush=True)
+    try:  # seconds of CPU: runs after the budget too
+        part_simulator(a.out, info.get("gpu"), shape, shape_dtype, shape_results, a.dry_run)
+        status["simulator"] = "ok"
+    except Exception as e:
+        status["simulator"] = f"failed: {type(e).__name__}: {e}"
+        print(status["simulator"], flush=True)
     info.update(status=status, wall_s=round(time.time() - t0, 1))
     (a.out / "device.json").write_text(json.dumps(info, indent=1))
     print(f"done in {info['wall_s']} s: {status}")

@@ -56,8 +56,19 @@ def test_gpu_decoders_script_dry_run(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     info = json.loads((out / "device.json").read_text())
-    assert info["status"] == {"bench": "ok", "step_costs": "ok"}
-    rows = json.loads((out / "tiny_bench.json").read_text())
+    assert info["status"] == {"bench": "ok", "step_costs": "ok", "simulator": "ok"}
+    pred = json.loads((out / "simulator_predictions.json").read_text())
+    assert pred["profile"] == "cpu-measured"
+    bench_rows = json.loads((out / "tiny_bench.json").read_text())
+    # Every run through the roofline; through the calibration too when ASPIRE's fit was accepted (a fit
+    # made under heavy load can be rejected, and then the script says so instead).
+    by_costs = {k: {r["run_id"] for r in pred["runs"] if r["step_costs"] == k} for k in ("roofline", "calibration")}
+    assert by_costs["roofline"] == {r["run_id"] for r in bench_rows}
+    assert by_costs["calibration"] in (by_costs["roofline"], set())
+    assert by_costs["calibration"] or "calibration replay skipped" in p.stdout
+    assert all(r["simulated_decode_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in pred["runs"])
+    assert {"ar", "verify", "aspire"} <= set(pred["step_costs"][0]["predicted_ms"])
+    rows = bench_rows
     assert {(r["sampling"], r["decoder"]) for r in rows} == {
         (s, d) for s in ("greedy", "paper") for d in ("ar", "magicdec", "vegas", "aspire")}
     assert all(r["parity_identical_pct"] == 100.0 for r in rows if r["sampling"] == "greedy" and r["decoder"] != "ar")

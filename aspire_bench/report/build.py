@@ -12,6 +12,7 @@ from aspire_bench.report import definitions, diagnostics
 from aspire_bench.report.html import page
 from aspire_bench.report.leaderboard import build, load_runs
 from aspire_bench.report.pages import PLOTLY_JS, header_meta, render_index, render_run
+from aspire_bench.report.projected import render_projected
 
 
 def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
@@ -39,6 +40,8 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
         if docs:
             _write(out / diagnostics.DEFINITIONS, page("Diagnostics: definitions", definitions.doc_body("diagnostics.md"),
                                                         meta=dmeta))
+    # Simulated runs: a page of their own, never mixed into the leaderboards.
+    _write(out / "projected.html", render_projected(load_runs(store_path, kind="simulated"), meta))
     index = out / "index.html"
     _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags)))
     return index

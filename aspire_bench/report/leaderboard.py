@@ -92,9 +92,10 @@ class Leaderboards:
     runs: list[RunRecord]  # every run in the store, failed ones included
 
 
-def load_runs(store_path: str | Path) -> list[RunRecord]:
+def load_runs(store_path: str | Path, kind: str = "measured") -> list[RunRecord]:
     with Store(store_path, readonly=True) as store:  # a report never writes to the store
-        return [store.get_run(s["run_id"]) for s in store.list_runs(kind="measured")]
+        return [store.get_run(s["run_id"]) for s in store.list_runs(kind=kind) if s["status"] == "ok"
+                or kind == "measured"]
 
 
 def build(runs: list[RunRecord]) -> Leaderboards:

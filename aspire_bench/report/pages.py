@@ -114,7 +114,8 @@ def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str
     for b in lb.boards:
         by_model_task[(b.model, b.task)].append(b)
     parts = [("<p class=\"note\">How to read these tables and plots: <a href=\"leaderboard.html\">leaderboard "
-              "guide</a>. Every column header links to its exact definition.</p>"), diagnostics]
+              "guide</a>. Every column header links to its exact definition. Simulated runs are on the "
+              "<a href=\"projected.html\">projected</a> page, never ranked here.</p>"), diagnostics]
     if not lb.boards:
         parts.append("<p>No successful runs in this store yet.</p>")
     toc = "".join(f"<li><a href=\"#{esc(b.slug)}\">{esc(b.title)}</a> ({len(b.rows)} decoders)</li>" for b in lb.boards)

@@ -1,0 +1,193 @@
+"""Step-cost models for the simulator: the time of one engine step from the rows it runs.
+
+A row is (kind, tokens it puts through the forward pass, KV positions it attends per layer), as in
+a stored run's step rows. Two models:
+
+- `CalibratedCost`: this machine's fitted cost model (decoders/scheduler.py CostModel):
+  beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of tokens x KV read.
+- `Roofline`: a hardware profile and a model shape. A step reads every weight once and each row's
+  KV; it computes 2 FLOPs per weight per token plus attention's 4 * heads * head_dim FLOPs per
+  (query, KV position) per layer. time = max(bytes / (BW * eff_bw), FLOPs / (peak * eff_flops))
+  + a fixed per-step overhead.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..decoders.scheduler import CostModel, fit_cost_model
+from ..errors import UserError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+HARDWARE_DIR = ASSETS / "hardware"
+SHAPES_DIR = ASSETS / "shapes"
+TINY_SHAPE = str(ASSETS / "tiny" / "config.json")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def named_assets(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.json"))
+
+
+def _read_json(spec: str, folder: Path, what: str, option: str) -> tuple[dict, str]:
+    """A bundled asset by name, or a JSON file by path: (its content, its name)."""
+    path = folder / f"{spec.lower()}.json"
+    if not path.exists():
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"{option} {spec!r} is neither a bundled {what} ({', '.join(named_assets(folder))}) "
+                        "nor a JSON file: pass one of those names or a file's path")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{option} {path} cannot be read as JSON ({e}): pass a valid JSON file") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{option} {path} is not a JSON object: pass a {what} file")
+    return data, (spec.lower() if path.parent == folder else str(path))
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a roofline needs of a model: read from any Hugging Face config.json."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    dtype: str
+
+    @property
+    def weight_params(self) -> int:
+        """Parameters read per step: attention and MLP of every layer and the LM head (the embedding
+        is a lookup of a few rows, not a read of the table)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp) + self.vocab * self.hidden
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """K and V of one position in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    @classmethod
+    def load(cls, spec: str, dtype: str | None = None) -> ModelShape:
+        d, name = _read_json(spec, SHAPES_DIR, "model shape", "--model-shape")
+        try:
+            heads = int(d["num_attention_heads"])
+            dt = dtype or str(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
+            if dt not in DTYPE_BYTES:
+                raise UserError(f"--model-shape {name}: dtype {dt!r} is not one of {', '.join(DTYPE_BYTES)}: "
+                                "pass --dtype")
+            return cls(name, int(d["num_hidden_layers"]), int(d["hidden_size"]), heads,
+                       int(d.get("num_key_value_heads") or heads),
+                       int(d.get("head_dim") or int(d["hidden_size"]) // heads), int(d["intermediate_size"]),
+                       int(d["vocab_size"]), bool(d.get("tie_word_embeddings", False)), dt)
+        except KeyError as e:
+            raise UserError(f"--model-shape {name} lacks {e.args[0]!r}: pass a Hugging Face config.json") from None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_bw_gbs: float
+    tflops: dict
+    bw_efficiency: float = 1.0
+    flops_efficiency: float = 1.0
+    step_overhead_us: float = 0.0
+
+    @classmethod
+    def load(cls, spec: str) -> Hardware:
+        d, name = _read_json(spec, HARDWARE_DIR, "hardware profile", "--hardware")
+        try:
+            hw = cls(str(d.get("name", name)), float(d["memory_bw_gbs"]), {k: float(v) for k, v in d["tflops"].items()},
+                     float(d.get("bw_efficiency", 1.0)), float(d.get("flops_efficiency", 1.0)),
+                     float(d.get("step_overhead_us", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"--hardware {name} is not a hardware profile ({e!r}): it needs memory_bw_gbs and "
+                            "tflops {dtype: TFLOP/s}") from None
+        if hw.memory_bw_gbs <= 0 or not all(v > 0 for v in hw.tflops.values()):
+            raise UserError(f"--hardware {name}: bandwidth and FLOP/s must be positive")
+        return hw
+
+
+class CalibratedCost:
+    def __init__(self, model: CostModel):
+        self.model = model
+
+    def step_time(self, rows) -> float:
+        n = sum(r[1] for r in rows)
+        kv = sum(r[2] for r in rows)
+        qk = sum(r[1] * r[2] for r in rows)
+        return self.model.step_time(n, kv, qk)
+
+    def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
+        return self.model
+
+    def describe(self) -> dict:
+        return {"cost_model": "calibration", **self.model.to_dict()}
+
+
+class Roofline:
+    def __init__(self, hardware: Hardware, shape: ModelShape):
+        if shape.dtype not in hardware.tflops:
+            raise UserError(f"--hardware {hardware.name} has no FLOP/s for {shape.dtype}: add it to the profile "
+                            f"or pass --dtype one of {', '.join(hardware.tflops)}")
+        self.hw, self.shape = hardware, shape
+        self.bw = hardware.memory_bw_gbs * 1e9 * hardware.bw_efficiency
+        self.flops = hardware.tflops[shape.dtype] * 1e12 * hardware.flops_efficiency
+        self.weight_bytes = shape.weight_params * DTYPE_BYTES[shape.dtype]
+        self.attn_flops = 4 * shape.heads * shape.head_dim * shape.layers  # per (query, KV position)
+
+    def step_time(self, rows) -> float:
+        n = sum(r[1] for r in rows)
+        kv = sum(r[2] for r in rows)
+        qk = sum(r[1] * r[2] for r in rows)
+        nbytes = self.weight_bytes + kv * self.shape.kv_bytes_per_position
+        flops = 2 * self.shape.weight_params * n + self.attn_flops * qk
+        return max(nbytes / self.bw, flops / self.flops) + self.hw.step_overhead_us * 1e-6
+
+    def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
+        """What `aspire-bench calibrate --batch-size batch --context-len context` would fit on this
+        hardware: the linear model fitted to this roofline's times over the calibration's grid (draft
+        and verify rows mixed, two lengths)."""
+        samples = []
+        for length in (context // 4, context):
+            for n_verify in sorted({0, batch // 2, batch}):
+                for d in (1, 4, 8, 16):
+                    for ratio in (0.07, 0.25, 1.0):
+                        rows = [("verify", d + 1, length + d + 1) if j < n_verify else
+                                ("draft", 1, int(ratio * length) + 1) for j in range(batch)]
+                        samples.append((sum(r[1] for r in rows), sum(r[2] for r in rows),
+                                        sum(r[1] * r[2] for r in rows), self.step_time(rows)))
+        return fit_cost_model(samples, source=f"roofline fit ({self.hw.name}, {self.shape.name})")
+
+    def describe(self) -> dict:
+        return {"cost_model": "roofline", "hardware": asdict(self.hw), "model_shape": asdict(self.shape),
+                "weight_bytes": self.weight_bytes, "kv_bytes_per_position": self.shape.kv_bytes_per_position}
+
+
+def profile_for(device_name: str | None) -> str | None:
+    """The bundled profile of a GPU by its CUDA name (None when none fits)."""
+    name = (device_name or "").upper()
+    for key, profile in (("H200", "h200"), ("H100 NVL", "h100-nvl"), ("H100", "h100"), ("A100", "a100")):
+        if key in name:
+            return profile
+    return None
+
+
+def predicted_step_ms(roofline: Roofline, cell: dict) -> dict:
+    """The roofline's time of each step kind of a bench/step_costs.py cell (batch rows of one kind)."""
+    batch, gamma = cell["batch"], cell["gamma"]
+    out = {}
+    for kind, kv in cell.get("kv_positions_per_row", {}).items():
+        n = gamma + 1 if kind == "verify" else 1
+        out[kind] = roofline.step_time([(kind, n, kv + (n if kind in ("ar", "verify") else 1))] * batch) * 1e3
+    return out

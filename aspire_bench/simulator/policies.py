@@ -1,0 +1,99 @@
+"""Each decoder's scheduling, for the simulator: the decoder's own policy object, driven without an
+engine (decoders/loop.py's contract: per-request state lives in `Sequence.state`).
+
+The decisions are the policies' own code: ASPIRE's `AspirePolicy.should_verify` and `observe`
+(Algorithm 1 through the scheduler's pure functions, with the run's cost model), MagicDec's and
+Vegas's `lockstep` (decoders/sync.py, the function both plan with: every request drafts gamma
+tokens in lockstep, then one batched verification) and their `observe`, AR one token per step. What
+the simulator adds is each row's KV read, computed as the engine reports it (docs/simulator.md),
+without building the sparse views themselves (no attention scores exist in a simulation).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..decoders import _REGISTRY, get_decoder
+from ..decoders.base import DECODE, DRAFT, VERIFY, Request
+from ..decoders.scheduler import CostModel
+from ..decoders.selection import page_budget, token_budget
+from ..decoders.sequence import Sequence
+from ..decoders.sync import lockstep
+from ..errors import UserError
+
+__all__ = ["DECODE", "DRAFT", "VERIFY", "SimPolicy"]
+DRAFT_KINDS = {"ARDecoder": None, "MagicDecDecoder": "magicdec", "VegasDecoder": "vegas", "AspireDecoder": "aspire"}
+
+
+class SimPolicy:
+    def __init__(self, name: str, stored: dict | None = None, cost: CostModel | None = None, page_size: int = 16,
+                 num_layers: int = 0):
+        if name not in _REGISTRY:
+            raise UserError(f"unknown decoder {name!r}: choose one of {', '.join(_REGISTRY)}")
+        cls = _REGISTRY[name][1]
+        if cls not in DRAFT_KINDS:
+            raise UserError(f"decoder {name!r} has no simulator policy: simulate ar, magicdec, vegas or aspire")
+        self.draft_kind = DRAFT_KINDS[cls]
+        dec = get_decoder(name)
+        known = {f.name for f in fields(dec.config)} if hasattr(dec.config, "__dataclass_fields__") else set()
+        # The stored run's settings (its info also holds measurements and the cost model: left out).
+        dec = get_decoder(name, **{k: v for k, v in (stored or {}).items() if k in known and v is not None})
+        self.settings = dec.settings()
+        self.config, self.page_size, self.num_layers = dec.config, page_size, num_layers
+        if self.draft_kind == "aspire":
+            if dec.config.policy == "oracle":
+                raise UserError("aspire-oracle needs the target's tokens, which a simulation does not have: "
+                                "simulate aspire, aspire-fixed or aspire-fsm")
+            self.policy = dec.Policy(dec.config, page_size, num_layers, cost)
+        else:
+            self.policy = dec.Policy(dec.config, page_size, num_layers)
+        self.scheduler_cost = cost if self.draft_kind == "aspire" else None
+
+    def new_sequence(self, index: int, rid: str, prompt_len: int, max_new: int) -> Sequence:
+        # range: a prompt of prompt_len tokens without holding them (only its length is read)
+        return Sequence(index, Request(rid, range(prompt_len), max_new), None, None, state=self.policy.new_state())
+
+    def admitted(self, seq: Sequence) -> None:
+        seq.extra["_sel_len"] = seq.context_len - 1  # Vegas: its selection covers the prompt
+
+    # --- rows: (kind, tokens, KV positions read per layer) or None (sits the step out) ------------
+    def plan(self, seqs: list[Sequence], batch: int) -> list[tuple | None]:
+        if self.draft_kind is None:
+            return [(DECODE, 1, s.context_len) for s in seqs]
+        if self.draft_kind == "aspire":
+            return [self._aspire_row(s, batch) for s in seqs]
+        plans, self.policy.cycle = lockstep(seqs, self.config.gamma, self.policy.cycle, lambda s, p: None)
+        kinds = {id(p.seq): p.kind for p in plans}
+        return [None if id(s) not in kinds else self._verify(s) if kinds[id(s)] == VERIFY else
+                (DRAFT, 1, self._sync_draft_kv(s) + 1) for s in seqs]
+
+    @staticmethod
+    def _verify(seq: Sequence) -> tuple:
+        return VERIFY, len(seq.pending) + 1, seq.context_len + len(seq.pending)
+
+    def _sync_draft_kv(self, seq: Sequence) -> int:
+        prefix = seq.context_len - 1 + len(seq.pending)
+        if self.draft_kind == "magicdec":
+            return min(prefix, self.config.budget)
+        length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
+        k = token_budget(length, self.config.ratio, self.config.min_tokens)
+        return prefix if k >= length else k + (prefix - length)
+
+    def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
+        pol = self.policy
+        if pol.should_verify(seq, batch):
+            if self.config.policy == "adaptive":
+                seq.state.c = pol.cost_ratio(seq, batch)  # as AspirePolicy.plan records it
+            return self._verify(seq)
+        prefix = seq.context_len - 1 + len(seq.pending)
+        n_pages = -(-prefix // self.page_size)
+        budget = page_budget(n_pages, self.config.ratio, self.config.min_pages)
+        # The page set always holds the most recent pages, the last of them partly filled: the engine
+        # counts the positions of the prefix it holds.
+        sparse = prefix if budget >= n_pages else budget * self.page_size - (n_pages * self.page_size - prefix)
+        L = self.num_layers
+        kv = round(((L - 1) * (sparse + 1) + prefix + 1) / L) if self.config.refresh else sparse + 1
+        return DRAFT, 1, kv
+
+    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        self.policy.observe(seq, drafted, accepted)
+        seq.extra["_sel_len"] = seq.context_len - 1

@@ -1,0 +1,88 @@
+"""The simulated run: continuous batching on a simulated clock, as decoders/common.py runs it.
+
+Requests are admitted in order while fewer than `batch` are active; an admitted request runs its
+prefill rows (each a step of its own) and commits its first token. Then, step after step, the
+policy gives each active request a row; the step costs the cost model's time for those rows; a
+verification of d drafts accepts what the acceptance model says and commits a + 1 tokens. The
+result is a GenerationOutput with simulated times, so every figure (decode tok/s, TPOT, ...) comes
+from harness/metrics.py exactly as for a measured run.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..decoders.base import DECODE as K_DECODE
+from ..decoders.base import DRAFT as K_DRAFT
+from ..decoders.base import PREFILL, VERIFY, GenerationOutput, RequestResult, RowTrace, StepTrace
+from .policies import DRAFT
+
+
+@dataclass
+class SimRequest:
+    id: str
+    prompt_len: int
+    max_new: int  # output tokens, the first one from prefill
+    prefill: list[tuple[int, int]] = field(default_factory=list)  # (tokens, KV read) per chunk; [] = free
+
+
+def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None = None) -> GenerationOutput:
+    t = 0.0
+    steps: list[StepTrace] = []
+    waiting = deque(enumerate(requests))
+    active: list = []
+    done: dict[str, object] = {}
+
+    def commit(seq, n: int, when: float) -> int:
+        n = min(n, seq.req.max_new_tokens - len(seq.out))
+        seq.out.extend([0] * n)
+        seq.times.extend([when] * n)
+        return n
+
+    def finished(seq) -> bool:
+        return len(seq.out) >= seq.req.max_new_tokens
+
+    while waiting or active:
+        while waiting and len(active) < batch:
+            i, req = waiting.popleft()
+            seq = policy.new_sequence(i, req.id, req.prompt_len, req.max_new)
+            for j, (n, kv) in enumerate(req.prefill):
+                t0, t = t, t + cost.step_time([(PREFILL, n, kv)])
+                last = j == len(req.prefill) - 1
+                steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(seq, 1, t) if last
+                                                                    else 0, kv_read=kv)]))
+            if not req.prefill:
+                commit(seq, 1, t)
+            policy.admitted(seq)
+            (done.__setitem__(req.id, seq) if finished(seq) else active.append(seq))
+        if not active:
+            continue
+        plan = policy.plan(active, len(active))
+        rows = [(seq, r) for seq, r in zip(active, plan) if r is not None]
+        t0, t = t, t + cost.step_time([r for _, r in rows])
+        trace = StepTrace(len(steps), t0, t)
+        for seq, (kind, n, kv) in rows:
+            rid = seq.req.id
+            if kind == DRAFT:
+                seq.pending.append(0)
+                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, kv_read=kv))
+            elif kind == VERIFY:
+                d = len(seq.pending)
+                a = acceptance.accept(rid, d, seq.context_len + d)
+                seq.pending = []
+                c = commit(seq, a + 1, t)
+                seq.verifications.append((d, a))
+                policy.observe(seq, d, a)
+                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv))
+            else:
+                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv))
+        steps.append(trace)
+        for seq in [s for s in active if finished(s)]:
+            active.remove(seq)
+            done[seq.req.id] = seq
+    results = []
+    for req in requests:
+        seq = done[req.id]
+        extra = {k: v for k, v in seq.extra.items() if not k.startswith("_")}
+        results.append(RequestResult(req.id, seq.out, "length", seq.times, 0.0, 0.0, seq.verifications, extra))
+    return GenerationOutput(results, steps, 0.0, t, info=dict(info or {}))

@@ -1,0 +1,164 @@
+"""Simulations of a stored run (its own trace) or of a parametric setting, as run records.
+
+A stored run gives the requests (prompt lengths, output lengths, prefill rows), the acceptance
+(its verifications, replayed token by token) and the decoder's settings (its `info`, including the
+cost model ASPIRE's scheduler used). The step-cost model is this machine's calibration unless a
+roofline is asked for. A parametric setting gives the same from flags.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from ..decoders.scheduler import CostModel
+from ..errors import UserError
+from ..harness import records
+from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
+from .policies import SimPolicy
+from .replay import SimRequest, simulate
+
+# Aggregates about the output text: a simulation has no text.
+TEXT_AGGREGATES = ("distinct4_mean", "distinct4_min", "repetition_collapse_n", "score_n", "score_mean")
+CALIBRATION_SOURCES = ("calibration", "calibration:")
+
+
+def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
+    """This machine's calibration as the run's group used it: the cost model of the group's ASPIRE
+    run (its own first), when it came from a calibration with all four terms."""
+    cands = [record]
+    if record.group:
+        cands += [store.get_run(s["run_id"]) for s in store.list_runs(group=record.group)
+                  if s["run_id"] != record.run_id]
+    for rec in cands:
+        cm = rec.info.get("cost_model")
+        if cm and str(cm.get("source", "")).startswith(CALIBRATION_SOURCES) and rec.info.get("cost_terms") != "paper":
+            return CostModel.from_dict(cm, str(cm["source"]))
+    return None
+
+
+def calibration_file(path: str) -> CostModel:
+    from ..decoders.calibration import cost_model_from
+    p = Path(path)
+    try:
+        return cost_model_from(json.loads(p.read_text()), f"calibration:{p.name}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--calibration {path} is not a calibration ({e}): run `aspire-bench calibrate --out "
+                        f"{path}`") from None
+
+
+def model_config_path(model: str) -> Path:
+    from ..engine.loading import resolve_model_path
+    try:
+        return resolve_model_path(model) / "config.json"
+    except UserError as e:
+        raise UserError(f"the run's model {model!r} is not on this machine ({e}): pass --model-shape with its "
+                        "config.json") from None
+
+
+def num_layers_of(model: str) -> int:
+    from ..engine.loading import read_config, resolve_model_path
+    try:
+        return read_config(resolve_model_path(model)).num_layers
+    except Exception as e:  # noqa: BLE001 — any unreadable checkpoint is the same user error
+        raise UserError(f"the run's model {model!r} cannot be read for its layer count ({e}): simulate on the "
+                        "machine that has the checkpoint") from None
+
+
+def requests_of(record: records.RunRecord) -> list[SimRequest]:
+    prefill = defaultdict(list)
+    for step in record.steps:
+        for row in step.rows:
+            if row[1] == "prefill":
+                prefill[row[0]].append((int(row[2]), int(row[6])))
+    return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, [])) for r in record.requests]
+
+
+def _is_aspire(name: str) -> bool:
+    from ..decoders import _REGISTRY
+    return name in _REGISTRY and _REGISTRY[name][1] == "AspireDecoder"
+
+
+def simulate_stored(record: records.RunRecord, cost) -> tuple:
+    """(GenerationOutput, assumptions) of the run's own trace replayed through its decoder's
+    scheduling with the step-cost model `cost`."""
+    name = record.config.get("decoder")
+    batch = record.config.get("batch_size")
+    if not isinstance(batch, int) or not record.requests:
+        raise UserError(f"run {record.run_id} has no batch size or no requests: it cannot be replayed")
+    layers, sched_cost = 0, None
+    if _is_aspire(name):
+        layers = num_layers_of(record.config["model"])
+        cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
+        sched_cost = (CostModel.from_dict(cm, str(cm.get("source"))) if cm else
+                      cost.scheduler_model(batch, max(r.prompt_len for r in record.requests)))
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers)
+    acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
+    reqs = requests_of(record)
+    out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)
+    assumptions = {
+        "source_run": record.run_id, **cost.describe(), **acceptance.describe(),
+        "scheduler_cost_model": sched_cost.to_dict() if sched_cost else None,
+        "requests": "the run's own: prompt and output lengths, prefill rows (costed by the model)",
+        "not_modelled": "host time outside engine forwards (sampling, scheduling, Python) beyond what the "
+                        "cost model's fit absorbs; timing noise",
+    }
+    return out, assumptions
+
+
+def measured_alphas(store, run_ids) -> dict[str, list[tuple[float, float]]]:
+    """An acceptance table from stored runs: per draft kind, (median prompt length, the per-token
+    alpha that best explains the run's verifications) for each run."""
+    from statistics import median
+
+    from ..decoders import _REGISTRY
+    from .acceptance import alpha_mle
+    from .policies import DRAFT_KINDS
+    table: dict[str, list[tuple[float, float]]] = {}
+    for rid in run_ids:
+        rec = store.get_run(int(rid))
+        name = rec.config.get("decoder")
+        kind = DRAFT_KINDS.get(_REGISTRY.get(name, (None, None))[1])
+        alpha = alpha_mle([v for r in rec.requests for v in r.verifications])
+        if kind is None or alpha is None:
+            raise UserError(f"run {rid} ({name}) has no verifications to estimate an acceptance from: pass runs "
+                            "of magicdec, vegas or aspire")
+        table.setdefault(kind, []).append((float(median(r.prompt_len for r in rec.requests)), alpha))
+    return table
+
+
+def parametric_requests(context: int, batch: int, n_requests: int, max_new: int) -> list[SimRequest]:
+    """Requests of one prompt length, already prefilled (prefill costs nothing: the paper's decode
+    throughput excludes it, and with all prompts equal no prefill stalls a decode window)."""
+    return [SimRequest(f"sim-{i}", context, max_new) for i in range(n_requests)]
+
+
+def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, n_requests: int,
+                        max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
+                        scheduler_cost: CostModel | None = None) -> tuple:
+    # ASPIRE decides with what a calibration on this hardware at this cell's batch and context would fit
+    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context) if _is_aspire(name)
+                                                      else None),
+                       page_size, num_layers)
+    acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, policy.draft_kind, seed)
+    out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
+                   info=policy.settings)
+    assumptions = {
+        **cost.describe(), **(acceptance.describe() if acceptance else {"acceptance": None}),
+        "scheduler_cost_model": policy.scheduler_cost.to_dict() if policy.scheduler_cost else None,
+        "requests": f"{n_requests} requests of {context} prompt tokens, {max_new} output tokens each (equal "
+                    "work), admitted as slots free; prefill not costed",
+        "not_modelled": "prefill; host-side scheduling and sampling; kernel efficiency beyond the profile's "
+                        "efficiency factors; acceptance correlated across tokens",
+    }
+    return out, assumptions
+
+
+def to_record(out, config: dict, assumptions: dict, env: dict, group: str | None = None) -> records.RunRecord:
+    prompt_lens = {r.id: p for r, p in zip(out.results, config.pop("_prompt_lens"))}
+    rec = records.from_output({**config, "simulated": assumptions}, out, prompt_lens, env, group=group,
+                              tag="simulated")
+    rec.kind = "simulated"
+    for k in TEXT_AGGREGATES:
+        rec.aggregates.pop(k, None)
+    return rec

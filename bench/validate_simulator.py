@@ -1,0 +1,79 @@
+"""The simulator against measurement: every measured run of a store replayed with its own trace.
+
+    python bench/validate_simulator.py --store bench/results/cpu_tiny_method_2026-11-30.db
+    python bench/validate_simulator.py --store S --calibration C.json --json out.json
+
+Per run (decoder, context, batch, sampling): measured and simulated decode tok/s and their error,
+and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
+passes when the tok/s error is within ±10% and, for ASPIRE rows, the ratio error within ±5%
+(docs/simulator.md).
+The step costs are the calibration the group's ASPIRE run used unless --calibration is given.
+Nothing is written to the store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aspire_bench.harness.store import Store
+from aspire_bench.simulator.rows import stored_rows
+
+TOK_S_TOL, RATIO_TOL = 0.10, 0.05
+
+
+def validate(store_path: str, decoders, calibration: str | None = None) -> list[dict]:
+    with Store(store_path, readonly=True) as store:
+        ids = [s["run_id"] for s in store.list_runs(kind="measured")
+               if s["status"] == "ok" and s["decoder"] in decoders]
+        rows, _ = stored_rows(store, ids, calibration)
+    for r in rows:
+        m, s = r["measured_decode_tok_s"], r["simulated_decode_tok_s"]
+        r["error"] = s / m - 1 if m and s else None
+        mr, sr = r["measured_speedup_vs_ar"], r["simulated_speedup_vs_ar"]
+        r["ratio_error"] = sr / mr - 1 if mr and sr and r["decoder"] != "ar" else None
+        # The ratio criterion is ASPIRE's (its speedup is the figure that matters); other ratios are shown.
+        r["ok"] = (r["error"] is not None and abs(r["error"]) <= TOK_S_TOL
+                   and (r["ratio_error"] is None or not r["decoder"].startswith("aspire")
+                        or abs(r["ratio_error"]) <= RATIO_TOL))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+    head = ("| decoder | γ | context | batch | sampling | run | measured tok/s | simulated tok/s | error "
+            "| measured × AR | simulated × AR | ratio error | within ±10% / ±5% |")
+    lines = [head, "|" + "---|" * 4 + "---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        sampling = "greedy" if not r["temperature"] else "paper" if r["temperature"] == 0.7 else r["temperature"]
+        lines.append(f"| {r['decoder']} | {f(r['gamma'], 'd')} | {r['context']} | {r['batch_size']} | {sampling} "
+                     f"| {r['run_id']} | {f(r['measured_decode_tok_s'], '.1f')} | {f(r['simulated_decode_tok_s'], '.1f')} "
+                     f"| {f(r['error'], '+.1%')} | {f(r['measured_speedup_vs_ar'], '.3f')} "
+                     f"| {f(r['simulated_speedup_vs_ar'], '.3f')} | {f(r['ratio_error'], '+.1%')} "
+                     f"| {'yes' if r['ok'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--calibration", default=None, help="a calibration file (default: each group's own)")
+    ap.add_argument("--decoders", default="ar,magicdec,aspire", help="comma-separated (default: %(default)s)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    a = ap.parse_args(argv)
+    rows = validate(a.store, [d for d in a.decoders.split(",") if d], a.calibration)
+    print(table(rows))
+    n_ok = sum(r["ok"] for r in rows)
+    print(f"\n{n_ok}/{len(rows)} runs within ±{TOK_S_TOL:.0%} decode tok/s (and ASPIRE's ratio over AR "
+          f"within ±{RATIO_TOL:.0%})")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The simulator: acceptance replay, step-cost arithmetic, and replays of real decoder traces.
+
+The replay is checked on a fake clock: a real run (random tiny model, sampling) whose steps are
+re-timed to follow a cost model exactly must be simulated, with that cost model, to the same steps,
+the same verifications and the same decode tok/s. No timings of this machine are asserted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from aspire_bench.cli import main
+from aspire_bench.decoders.scheduler import CostModel
+from aspire_bench.harness import metrics
+from aspire_bench.harness.records import RunRecord, StepRecord
+from aspire_bench.harness.runner import RunConfig, run
+from aspire_bench.harness.store import Store
+from aspire_bench.simulator.acceptance import (
+    ParametricAcceptance,
+    ReplayAcceptance,
+    parse_alpha,
+    token_stream,
+)
+from aspire_bench.simulator.costs import CalibratedCost, Hardware, ModelShape, Roofline
+from aspire_bench.simulator.policies import SimPolicy
+from aspire_bench.simulator.replay import SimRequest, simulate
+from aspire_bench.simulator.source import simulate_stored
+
+COST = CostModel(beta0=2e-3, beta_tok=1e-4, beta_attn=1e-6, beta_qk=1e-8, source="calibration:test")
+
+
+def test_token_stream_gives_back_the_recorded_outcomes_at_the_recorded_lengths():
+    recorded = [(3, 1), (2, 2), (0, 0), (4, 0), (1, 1)]
+    acc = ReplayAcceptance({"r": token_stream(recorded)})
+    assert [(d, acc.accept("r", d)) for d, _ in recorded] == recorded
+
+
+def test_replay_consumes_the_stream_whatever_the_draft_lengths():
+    acc = ReplayAcceptance({"r": token_stream([(3, 3), (2, 0)])})  # stream: T T T F
+    assert acc.accept("r", 2) == 2  # T T
+    assert acc.accept("r", 4) == 1  # T F: stops at the reject, which is consumed
+    assert acc.accept("r", 1) == 1  # cyclic: back to the first T
+
+
+def test_parametric_acceptance_interpolates_alpha_by_context():
+    table = parse_alpha("aspire=0.5,magicdec=1")
+    assert table == {"aspire": [(0.0, 0.5)], "magicdec": [(0.0, 1.0)]}
+    acc = ParametricAcceptance({"aspire": [(1000, 0.9), (3000, 0.5)]}, "aspire")
+    assert acc.alpha(2000) == pytest.approx(0.7)
+    assert acc.alpha(10) == 0.9 and acc.alpha(99999) == 0.5
+    assert ParametricAcceptance(table, "magicdec").accept("x", 5) == 5
+    draws = [ParametricAcceptance({"*": [(0, 0.5)]}, "vegas", seed=s).accept("x", 1) for s in range(2000)]
+    assert 0.45 < sum(draws) / len(draws) < 0.55
+
+
+def test_ar_on_a_known_cost_model_by_hand():
+    """Two requests, batch 2, 3 output tokens, no prefill cost: the first token is free, then two
+    decode steps of 2 rows, each reading its request's prompt and committed tokens."""
+    reqs = [SimRequest("a", 100, 3), SimRequest("b", 200, 3)]
+    out = simulate(reqs, SimPolicy("ar"), None, CalibratedCost(COST), 2)
+    step1 = COST.step_time(2, 101 + 201, 101 + 201)
+    step2 = COST.step_time(2, 102 + 202, 102 + 202)
+    assert [s.wall for s in out.steps] == pytest.approx([step1, step2])
+    assert metrics.decode_tok_s(out) == pytest.approx(4 / (step1 + step2))
+
+
+def test_roofline_arithmetic():
+    shape = ModelShape("t", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10,
+                       tied=True, dtype="float32")
+    hw = Hardware("h", memory_bw_gbs=1.0, tflops={"float32": 1e-3}, step_overhead_us=5.0)
+    roof = Roofline(hw, shape)
+    params = 2 * (8 * 4 * (2 * 2 + 2 * 1) + 3 * 8 * 16) + 10 * 8
+    assert shape.weight_params == params
+    assert shape.kv_bytes_per_position == 2 * 2 * 1 * 4 * 4
+    rows = [("draft", 1, 100), ("verify", 3, 50)]
+    nbytes = params * 4 + 250 * shape.kv_bytes_per_position
+    flops = 2 * params * 4 + 4 * 2 * 4 * 2 * (100 + 150)
+    assert roof.step_time(rows) == pytest.approx(max(nbytes / 1e9, flops / 1e9) + 5e-6)
+
+
+def test_bundled_shapes_have_the_published_parameter_counts():
+    # Non-embedding + LM head: Qwen3-1.7B ties its head to the embedding (1.7B in all), 8B does not (8.2B).
+    small, big = ModelShape.load("qwen3-1.7b"), ModelShape.load("qwen3-8b")
+    assert 1.65e9 < small.weight_params < 1.8e9
+    assert 8.1e9 < big.weight_params + big.vocab * big.hidden < 8.3e9
+    for name in ("h100", "h100-nvl", "h200", "a100"):
+        assert Hardware.load(name).memory_bw_gbs > 1000
+
+
+def test_aspire_defaults_come_from_the_decoder():
+    s = SimPolicy("aspire", {"omega": 0.5, "decoder": "aspire", "gamma": None, "cost_model": {}}, COST, 16, 4).settings
+    assert (s["alpha0"], s["d_max"], s["gamma_init"], s["omega"]) == (0.9, 16, 3, 0.5)
+    assert SimPolicy("aspire-fsm", None, COST, 16, 4).settings["policy"] == "fsm"
+    from aspire_bench.errors import UserError
+    with pytest.raises(UserError, match="oracle"):
+        SimPolicy("aspire-oracle", None, COST, 16, 4)
+
+
+def retimed(record: RunRecord, cost: CalibratedCost) -> RunRecord:
+    """The run as if each step had taken exactly the cost model's time, back to back."""
+    t, steps, times = 0.0, [], {r.id: [] for r in record.requests}
+    for s in record.steps:
+        t0, t = t, t + cost.step_time([(row[1], row[2], row[6]) for row in s.rows])
+        steps.append(StepRecord(s.index, t0, t, s.n_tokens, s.rows))
+        for row in s.rows:
+            times[row[0]].extend([t] * row[3])
+    rec = RunRecord.from_json(record.to_json())
+    rec.steps = steps
+    for r in rec.requests:
+        r.token_times = times[r.id][:len(r.output_ids)]
+    return rec
+
+
+def as_output(rec: RunRecord):
+    from aspire_bench.decoders.base import GenerationOutput, RequestResult, RowTrace, StepTrace
+    return GenerationOutput(
+        [RequestResult(r.id, r.output_ids, r.finish_reason, r.token_times) for r in rec.requests],
+        [StepTrace(s.index, s.t_start, s.t_end, [RowTrace(*row) for row in s.rows]) for s in rec.steps],
+        0.0, rec.steps[-1].t_end)
+
+
+@pytest.mark.parametrize("decoder,args", [("ar", {}), ("magicdec", {}), ("vegas", {"gamma": 3}),
+                                          ("aspire", {"calibration": "none"}), ("aspire-fsm", {"calibration": "none"})])
+def test_replay_of_a_real_trace_on_a_fake_clock_is_exact(random_tiny, decoder, args):
+    record = run(RunConfig(model=str(random_tiny), decoder=decoder, decoder_args=args, task="needle",
+                           context_len="1k", limit=3, batch_size=2, max_new_tokens=14, temperature=0.7, top_k=50,
+                           top_p=0.9, warmup=False), show_progress=False).record
+    cost = CalibratedCost(COST)
+    expected = retimed(record, cost)
+    out, assumptions = simulate_stored(record, cost)
+    assert [[r[:3] for r in s.rows] for s in expected.steps] == \
+           [[(w.request, w.kind, w.n_tokens) for w in s.rows] for s in out.steps]
+    assert [[r[6] for r in s.rows] for s in expected.steps] == [[w.kv_read for w in s.rows] for s in out.steps]
+    assert [r.verifications for r in record.requests] == [r.verifications for r in out.results]
+    # what each scheduler saw at each verification (ASPIRE: alpha, c, gamma; fixed-gamma: gamma)
+    assert [r.extra.get("schedule") for r in record.requests] == [r.extra.get("schedule") for r in out.results]
+    assert metrics.decode_tok_s(out) == pytest.approx(metrics.decode_tok_s(as_output(expected)), rel=1e-12)
+    assert assumptions["acceptance"] == "replay"
+
+
+def test_cli_simulate_contract_and_simulated_runs_stay_off_the_leaderboard(random_tiny, tmp_path):
+    db = str(tmp_path / "r.db")
+    for decoder, args in (("ar", {}), ("aspire", {"calibration": "none"})):
+        rec = run(RunConfig(model=str(random_tiny), decoder=decoder, decoder_args=args, task="needle",
+                            context_len="1k", limit=2, batch_size=2, max_new_tokens=8, warmup=False),
+                  show_progress=False).record
+        with Store(db) as st:
+            st.save_run(rec)
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps({**COST.to_dict(), "source": "calibration"}))
+    runner = CliRunner()
+    res = runner.invoke(main, ["simulate", "--store", db, "--run", "1", "--run", "2", "--calibration", str(calib),
+                               "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["decoder"] for r in rows] == ["ar", "aspire"]
+    with Store(db, readonly=True) as st:
+        measured = [st.get_run(i).aggregates["decode_tok_s"] for i in (1, 2)]
+        assert [r["measured_decode_tok_s"] for r in rows] == pytest.approx(measured)
+        assert all(r["simulated_decode_tok_s"] > 0 for r in rows)
+        sims = st.list_runs(kind="simulated")
+        assert [s["run_id"] for s in sims] == [r["stored_run_id"] for r in rows]
+    # a simulated run's own replay is not a measurement: measured is null
+    res = runner.invoke(main, ["simulate", "--store", db, "--run", str(rows[0]["stored_run_id"]), "--calibration",
+                               str(calib), "--json", "--no-save"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["measured_decode_tok_s"] is None
+    from aspire_bench.report.leaderboard import load_runs
+    assert {r.kind for r in load_runs(db)} == {"measured"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--hardware", "nope", "--model-shape", "qwen3-1.7b", "--alpha", "0.9"], "--hardware"),
+    (["--hardware", "h100", "--model-shape", "nope", "--alpha", "0.9"], "--model-shape"),
+    (["--hardware", "h100", "--model-shape", "qwen3-1.7b"], "--alpha"),
+    (["--hardware", "h100", "--model-shape", "qwen3-1.7b", "--alpha", "1.5"], "between 0 and 1"),
+    (["--hardware", "h100"], "--model-shape"),
+    (["--model-shape", "qwen3-8b", "--alpha", "0.9"], "step costs"),
+])
+def test_bad_parametric_input_is_one_line(args, needle, tmp_path):
+    res = CliRunner().invoke(main, ["simulate", "--no-save", "--store", str(tmp_path / "x.db"), *args])
+    assert res.exit_code == 2
+    assert needle in res.output and "Traceback" not in res.output
+
+
+def test_parametric_roofline_projection_runs_and_aspire_gains_over_ar(tmp_path):
+    res = CliRunner().invoke(main, ["simulate", "--store", str(tmp_path / "p.db"), "--hardware", "h100",
+                                    "--model-shape", "qwen3-1.7b", "--context", "32k", "--batch", "8",
+                                    "--alpha", "0.9", "--max-new-tokens", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["decoder"]: r for r in json.loads(res.stdout)}
+    assert set(rows) == {"ar", "magicdec", "vegas", "aspire"}
+    assert rows["ar"]["simulated_speedup_vs_ar"] == 1.0
+    assert rows["aspire"]["simulated_speedup_vs_ar"] > 1.0  # alpha 0.9 and a sparse draft at 32k must pay
+    assert all(r["measured_decode_tok_s"] is None for r in rows.values())
+    with Store(tmp_path / "p.db", readonly=True) as st:
+        assert {s["kind"] for s in st.list_runs()} == {"simulated"}
+
+
+def test_paper_alpha_inverts_the_expected_accepted_fraction():
+    from aspire_bench.simulator import paper
+    for rate, gamma in (*paper.REPORTED_ACCEPTANCE.values(), paper.CROSS_CHECK):
+        a = paper.alpha_from_rate(rate, gamma)
+        assert paper.expected_accepted(a, gamma) / gamma == pytest.approx(rate, abs=1e-9)
+    assert paper.paper_speedup("qwen3-8b", "aspire", 35 * 1024) == 2.30
+    assert paper.paper_speedup("qwen3-8b", "aspire", 1000) is None
+
+
+def test_projected_page_lists_simulated_runs_with_the_papers_speedup(tmp_path):
+    from aspire_bench.report import write_report
+    db = tmp_path / "p.db"
+    res = CliRunner().invoke(main, ["simulate", "--store", str(db), "--hardware", "h100-nvl", "--model-shape",
+                                    "qwen3-8b", "--context", str(35 * 1024), "--batch", "8", "--alpha", "0.9",
+                                    "--max-new-tokens", "32", "--decoders", "ar,aspire"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "report"
+    index = write_report(db, out).read_text()
+    projected = (out / "projected.html").read_text()
+    assert "projected.html" in index and "aspire" not in index.split("projected.html")[1]
+    assert projected.count("<tr>") == 3  # header + ar + aspire
+    assert 'data-v="2.3"' in projected  # the paper's Qwen3-8B ASPIRE speedup at 30-40k
+
+
+def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import validate_simulator
+    db = str(tmp_path / "v.db")
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps({**COST.to_dict(), "source": "calibration"}))
+    for decoder in ("ar", "magicdec"):
+        rec = run(RunConfig(model=str(random_tiny), decoder=decoder, task="needle", context_len="1k", limit=2,
+                            batch_size=2, max_new_tokens=6, warmup=False), show_progress=False).record
+        with Store(db) as st:
+            st.save_run(rec)
+    rows = validate_simulator.validate(db, ["ar", "magicdec"], str(calib))
+    assert [r["decoder"] for r in rows] == ["ar", "magicdec"]
+    assert all(r["error"] == pytest.approx(r["simulated_decode_tok_s"] / r["measured_decode_tok_s"] - 1) for r in rows)
+    assert validate_simulator.main(["--store", db, "--calibration", str(calib)]) == 0
+    printed = capsys.readouterr().out
+    assert "/2 runs within" in printed and printed.count("| needle") == 0 and printed.count("| 1k |") == 2
+
+
+def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
+    db = str(tmp_path / "r.db")
+    rec = run(RunConfig(model=str(random_tiny), task="needle", context_len="1k", limit=2, batch_size=2,
+                        max_new_tokens=6, warmup=False), show_progress=False).record
+    with Store(db) as st:
+        rid = st.save_run(rec)
+    runner = CliRunner()
+    own = runner.invoke(main, ["simulate", "--store", db, "--run", str(rid), "--hardware", "a100", "--json", "--no-save"])
+    explicit = runner.invoke(main, ["simulate", "--store", db, "--run", str(rid), "--hardware", "a100", "--json",
+                                    "--no-save", "--model-shape", str(random_tiny), "--dtype", "float32"])
+    assert own.exit_code == explicit.exit_code == 0, own.output + explicit.output
+    a, b = json.loads(own.stdout)[0], json.loads(explicit.stdout)[0]
+    assert a["assumptions"]["model_shape"]["dtype"] == "float32"  # the run's dtype, not the checkpoint's
+    assert a["simulated_decode_tok_s"] == b["simulated_decode_tok_s"]
+
+
+def test_alpha_from_stored_runs_is_the_maximum_likelihood_estimate(random_tiny, tmp_path):
+    from aspire_bench.simulator.acceptance import alpha_mle
+    assert alpha_mle([(3, 3), (3, 1), (0, 0)]) == pytest.approx(4 / 5)  # 4 accepts, 1 early stop
+    assert alpha_mle([(0, 0)]) is None
+    db = str(tmp_path / "a.db")
+    rec = run(RunConfig(model=str(random_tiny), decoder="magicdec", task="needle", context_len="1k", limit=2,
+                        batch_size=2, max_new_tokens=8, temperature=0.7, top_k=50, top_p=0.9, warmup=False),
+              show_progress=False).record
+    with Store(db) as st:
+        rid = st.save_run(rec)
+    res = CliRunner().invoke(main, ["simulate", "--store", db, "--alpha-from-runs", str(rid), "--hardware", "a100",
+                                    "--model-shape", "qwen3-1.7b", "--decoders", "magicdec", "--context", "1k",
+                                    "--max-new-tokens", "8", "--json", "--no-save"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)[0]["assumptions"]["alpha_by_context"]
+    assert got == [[pytest.approx(1024, abs=64), pytest.approx(alpha_mle([v for r in rec.requests
+                                                                           for v in r.verifications]))]]
+    bad = CliRunner().invoke(main, ["simulate", "--store", db, "--alpha-from-runs", str(rid), "--alpha", "0.5",
+                                    "--hardware", "a100", "--model-shape", "qwen3-1.7b", "--no-save"])
+    assert bad.exit_code == 2 and "pass one" in bad.output
