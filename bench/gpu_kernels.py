@@ -61,7 +61,7 @@ def main() -> int:
         small = 50
     elif not torch.cuda.is_available():
         print("bench/gpu_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False here). "
-              "The kernels are tested on CPU by tests/test_kernels.py under TRITON_INTERPRET=1.",
+              "The kernels are tested on CPU by tests/kernels/test_kernels.py under TRITON_INTERPRET=1.",
               file=sys.stderr)
         return 2
     try:

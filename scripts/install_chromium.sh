@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's chromium for the report's browser test (tests/test_report.py) when it is missing.
+# Installs Debian's chromium for the report's browser test (tests/report/test_report.py) when it is missing.
 # Idempotent: does nothing when chromium is already on PATH. Needs root (or sudo) and apt.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then

@@ -4,7 +4,7 @@
 
 Held-out loss at 1k and 16k context over the same held-out tokens, and greedy / sampled continuations
 of one held-out prefix at 1k and 16k context with their distinct-4-gram ratios. The measured losses
-are also stored in the checkpoint's training.json (`heldout_loss`), which tests/test_tiny_model.py
+are also stored in the checkpoint's training.json (`heldout_loss`), which tests/project/test_tiny_model.py
 checks against. Draft-acceptance numbers come from our own engine: scripts/draft_acceptance.py.
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ CALIBRATION_CONTEXT = 4096
 def calibration_dir() -> Path:
     if os.environ.get("ASPIRE_BENCH_CALIBRATION_DIR"):
         return Path(os.environ["ASPIRE_BENCH_CALIBRATION_DIR"])
-    from ..kernels.cpu_attention import cache_dir
+    from ..kernels.cpu_build import cache_dir
     return cache_dir() / "calibration"
 
 

@@ -2,7 +2,7 @@
 
     python -m aspire_bench.kernels.triton_compile_check [--arch 90] [--quick] [--resources]
 
-The interpreter (tests/test_kernels.py) checks what the kernels compute; it cannot tell whether they
+The interpreter (tests/kernels/test_kernels.py) checks what the kernels compute; it cannot tell whether they
 compile for a GPU. This runs TritonAttention over sample mixed batches on the CPU with the launches
 recorded instead of run, then compiles every distinct launch (kernel x constexprs x arg types) for
 the given compute capability with Triton's bundled ptxas. --resources prints registers/spills per

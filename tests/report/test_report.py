@@ -43,7 +43,7 @@ GENERATED = len(REQUESTS) * (N_OUT - 1)
 SPEC_VERIFS = {"r0": [(3, 3), (5, 3)], "r1": [(4, 1), (2, 1), (2, 1), (4, 1)], "r2": [(4, 3), (4, 1), (6, 1)]}
 SPEC_MEAN_ACC = 24 / 9  # pooled a + 1: 8 committed tokens x 3 requests over 9 verifications
 SPEC_ACC_RATE = 15 / 34  # accepted 6 + 4 + 5 of 8 + 12 + 14 drafted
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 def make_run(decoder: str, decode_wall: float, *, group: str = "g1", context: str = "4k", seed: int = 0,

@@ -12,7 +12,7 @@ import yaml
 from aspire_bench.gate import entry_key
 from aspire_bench.harness.sweep import load_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "ci"
 
 

@@ -26,8 +26,8 @@ from aspire_bench.tasks.scoring import (
     starts_with_answer,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "tasks"
-ROOT = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).parents[1] / "fixtures" / "tasks"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train_tokenizer(with_bos: bool):

@@ -30,7 +30,7 @@ from aspire_bench.harness.metrics import (
 from aspire_bench.harness.parity import compare
 from aspire_bench.textstats import distinct_n
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def step(i, t0, t1, *rows):

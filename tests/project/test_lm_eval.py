@@ -12,7 +12,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from aspire_bench.harness.store import Store
 from aspire_bench.lm_eval_plugin import AspireLM
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "lm_eval_tasks"
 # The example YAMLs name their data files relative to the repository root (datasets resolves them
 # against the working directory), as a user running from a checkout does.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = Path(__file__).parent / "fixtures" / "example_decoder_plugin"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = Path(__file__).parents[1] / "fixtures" / "example_decoder_plugin"
 
 
 def cli(*args, site: Path, cwd: Path) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ import pytest
 from aspire_bench.harness.records import RequestRow, RunRecord, config_hash
 from aspire_bench.harness.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "aspire_bench" / "assets" / "tiny"
 ENV = {"python": "3.11", "cpu": "Test CPU"}
 

@@ -16,7 +16,7 @@ from aspire_bench.harness.store import Store
 from aspire_bench.harness.sweep import expand, load_sweep, run_sweep
 from aspire_bench.harness.sweep_cli import sweep as sweep_command
 
-SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
 
 
 def tiny_spec(model, **over) -> dict:

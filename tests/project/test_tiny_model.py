@@ -174,7 +174,7 @@ def test_shipped_greedy_continuation_is_not_a_loop(shipped):
 def test_learning_curve_extrapolation_solves_its_fits():
     import math
     import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import learning_curve as lc
     # loss = 6 - 0.25 ln(tokens): reaches 3.9 at exp(8.4); acceptance = 1.9 - 0.25 loss: 0.88 at loss 4.08
     pts = [{"tokens_total": t, "heldout_loss_4096": 6 - 0.25 * math.log(t)} for t in (1e6, 2e6, 4e6, 8e6)]

@@ -140,3 +140,14 @@ def test_identical_invocations_give_identical_tokens(engine, name, temperature):
         outs = [get_decoder(name, **settings).generate(engine, requests(seed=3), params, 3) for _ in range(2)]
     assert [r.output_ids for r in outs[0].results] == [r.output_ids for r in outs[1].results]
     assert [r.verifications for r in outs[0].results] == [r.verifications for r in outs[1].results]
+
+
+def test_calibrations_live_in_the_kernel_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    """Without $ASPIRE_BENCH_CALIBRATION_DIR (the tests set it) calibrations go under the per-machine
+    cache the kernels use: the path a user's first aspire run takes."""
+    from aspire_bench.decoders.calibration import calibration_dir
+    monkeypatch.delenv("ASPIRE_BENCH_CALIBRATION_DIR", raising=False)
+    monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(tmp_path))
+    assert calibration_dir() == tmp_path / "calibration"
+    monkeypatch.setenv("ASPIRE_BENCH_CALIBRATION_DIR", str(tmp_path / "elsewhere"))
+    assert calibration_dir() == tmp_path / "elsewhere"

@@ -196,7 +196,7 @@ def test_gpu_script_exits_clearly_without_cuda(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_kernels.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels.py"
     r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.json")], capture_output=True,
                        text=True, timeout=120, check=False)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr

@@ -91,3 +91,29 @@ def test_gate_and_report_share_through_the_harness_not_each_other():
     bad = [f"{a} -> {b}" for a, deps in g.items() for b in deps
            if {top(a), top(b)} == {"gate", "report"}]
     assert bad == []
+
+
+def test_every_name_imported_from_the_package_exists():
+    """Imports inside functions run only when their code path does (a user's first ASPIRE run, a GPU,
+    a plug-in): a name moved elsewhere must fail here, not in the field."""
+    import importlib
+    known = set(modules())
+    missing = []
+    for name, path in modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.split(".")[0] != "aspire_bench" or base not in known:
+                continue
+            try:
+                module = importlib.import_module(base)
+            except ImportError:  # optional dependencies (triton, ray, lm_eval) of a module
+                continue
+            missing += [f"{name}: {base}.{a.name}" for a in node.names
+                        if not hasattr(module, a.name) and f"{base}.{a.name}" not in known]
+    assert missing == []
