@@ -38,7 +38,9 @@ def calibration_dir() -> Path:
 def calibration_key(engine: Engine, batch_size: int) -> str:
     safe = "".join(ch if ch.isalnum() else "_" for ch in str(engine.name))[-60:]
     dtype = str(engine.dtype).replace("torch.", "")
-    return f"{safe}-{engine.device.type}-{dtype}-{engine.backend.name}-p{engine.page_size}-b{batch_size}"
+    # The attention and dense backends both set the step costs: a faster dense path is another machine.
+    return (f"{safe}-{engine.device.type}-{dtype}-{engine.backend.name}-{engine.dense_backend}"
+            f"-p{engine.page_size}-b{batch_size}")
 
 
 def calibration_path(engine: Engine, batch_size: int) -> Path:

@@ -151,3 +151,11 @@ def test_calibrations_live_in_the_kernel_cache_unless_told_otherwise(monkeypatch
     assert calibration_dir() == tmp_path / "calibration"
     monkeypatch.setenv("ASPIRE_BENCH_CALIBRATION_DIR", str(tmp_path / "elsewhere"))
     assert calibration_dir() == tmp_path / "elsewhere"
+
+
+def test_a_calibration_belongs_to_one_attention_backend_and_one_dense_path(engine, monkeypatch):
+    from aspire_bench.decoders.calibration import calibration_key
+    key = calibration_key(engine, 8)
+    assert engine.backend.name in key and engine.dense_backend in key and key.endswith("-b8")
+    monkeypatch.setattr(engine, "dense_backend", "eager" if engine.dense_backend != "eager" else "fused")
+    assert calibration_key(engine, 8) != key  # step costs measured with another dense path are not reused
