@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
@@ -108,21 +109,49 @@ def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float 
     return beta, t, r2
 
 
+def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """Least squares with every coefficient >= 0: the best-fitting of the fits over subsets of the
+    columns (the others held at 0) whose coefficients all come out non-negative. Exact, and cheap for
+    the four terms here. A step cost has no negative part; an intercept fitted below zero (a fast
+    dense path leaves little fixed cost per step) is a misfit of the curvature, not a cost."""
+    beta, t, r2 = _lstsq(X, y)
+    if (beta >= 0).all():
+        return beta, t, r2
+    best = None
+    cols = range(X.shape[1])
+    for k in range(X.shape[1] - 1, 0, -1):
+        for keep in combinations(cols, k):
+            b, tk, _ = _lstsq(X[:, keep], y)
+            if (b < 0).any():
+                continue
+            sse = float(((y - X[:, keep] @ b) ** 2).sum())
+            if best is None or sse < best[0]:
+                best = (sse, keep, b, tk)
+    if best is None:
+        return beta, t, r2  # nothing non-negative fits: fit_problem refuses it
+    sse, keep, b, tk = best
+    full, tfull = np.zeros(X.shape[1]), np.zeros(X.shape[1])
+    full[list(keep)], tfull[list(keep)] = b, tk
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
+
+
 def fit_cost_model(samples: list[tuple[float, ...]], source: str = "fit", qk: bool = True) -> CostModel:
-    """Least squares on (n_tokens, kv_read, qk, seconds) samples (or (n_tokens, kv_read, seconds)).
+    """Non-negative least squares on (n_tokens, kv_read, qk, seconds) samples (or (n_tokens, kv_read,
+    seconds)): a term that would fit below zero is held at 0.
 
     The query x KV term is fitted when `qk` and kept only when significant (t >= QK_MIN_T and
-    positive); otherwise the paper's three terms are refitted without it. Coefficients are returned
-    as fitted (possibly negative): `fit_problem` says whether the fit may be used.
+    positive); otherwise the paper's three terms are refitted without it. `fit_problem` says whether
+    the fit may be used (its R^2).
     """
     rows = [s if len(s) == 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
     X4 = np.array([[1.0, n, kv, q] for n, kv, q, _ in rows])
     y = np.array([t for *_, t in rows])
     if qk and X4[:, 3].std() > 0:
-        beta, t, r2 = _lstsq(X4, y)
+        beta, t, r2 = _nonnegative_lstsq(X4, y)
         if beta[3] > 0 and t[3] >= QK_MIN_T:
             return CostModel(*map(float, beta), source=source, r2=r2)
-    beta, _, r2 = _lstsq(X4[:, :3], y)
+    beta, _, r2 = _nonnegative_lstsq(X4[:, :3], y)
     return CostModel(*map(float, beta), 0.0, source=source, r2=r2)
 
 

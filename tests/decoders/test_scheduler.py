@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -159,3 +160,22 @@ def test_a_calibration_belongs_to_one_attention_backend_and_one_dense_path(engin
     assert engine.backend.name in key and engine.dense_backend in key and key.endswith("-b8")
     monkeypatch.setattr(engine, "dense_backend", "eager" if engine.dense_backend != "eager" else "fused")
     assert calibration_key(engine, 8) != key  # step costs measured with another dense path are not reused
+
+
+def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
+    """Steps with almost no fixed cost and a little curvature: plain least squares puts the intercept
+    below zero; the fit holds it at 0 and keeps the others non-negative, so the calibration is usable."""
+    gen = np.random.default_rng(0)
+    samples = []
+    for _ in range(60):
+        n, kv = float(gen.integers(8, 64)), float(gen.integers(10_000, 130_000))
+        t = 2e-5 * n + 2e-7 * kv + 1e-12 * kv ** 2  # convex in the KV read: no fixed part
+        samples.append((n, kv, 0.0, t * (1 + 0.01 * gen.standard_normal())))
+    X = np.array([[1.0, n, kv] for n, kv, _, _ in samples])
+    plain, *_ = np.linalg.lstsq(X, np.array([s[-1] for s in samples]), rcond=None)
+    assert plain[0] < 0  # the case this is about
+    fit = fit_cost_model(samples, qk=False)
+    assert fit.beta0 == 0.0 and fit.beta_tok >= 0 and fit.beta_attn > 0
+    assert fit_problem(fit) is None
+    exact = fit_cost_model([(n, kv, 0.0, 1e-3 + 2e-5 * n + 2e-7 * kv) for n, kv, _, _ in samples], qk=False)
+    assert exact.beta0 == pytest.approx(1e-3) and exact.beta_attn == pytest.approx(2e-7)  # unconstrained when >= 0
