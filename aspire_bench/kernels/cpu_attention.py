@@ -97,6 +97,14 @@ class CpuAttention:
         lib = load_library()
         self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
         self._ref = TorchAttention()
+        self._kept = torch.empty(0, dtype=torch.float32)
+
+    def _kept_buffer(self, n: int) -> torch.Tensor:
+        """Scratch for the captured scores, kept across calls: a fresh multi-MB buffer per call costs a
+        page fault per 4 KiB on first touch, about as much as the capture's arithmetic."""
+        if self._kept.numel() < n:
+            self._kept = torch.empty(n, dtype=torch.float32)
+        return self._kept[:n]
 
     def _plan(self, layer: int, meta: AttentionMeta, hq: int) -> _LayerPlan:
         """Kernel inputs for this layer. Layers whose rows read as many keys and capture alike share the
@@ -157,7 +165,7 @@ class CpuAttention:
         threads = torch.get_num_threads()
         capture = bool(plan.cap_rows)
         lse = torch.empty(q.shape[:2], dtype=torch.float32) if capture else None
-        kept = torch.empty(plan.kept_scores, dtype=torch.float32) if capture else None
+        kept = self._kept_buffer(plan.kept_scores) if capture else None
         if plan.rows.shape[0]:
             rc = self._attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                                  lse.data_ptr() if capture else None, kept.data_ptr() if capture else None,

@@ -266,3 +266,16 @@ def test_dense_auto_without_a_compiler_falls_back_with_one_warning(checkpoints, 
         assert Engine(load_model(path), attention_backend="torch").dense_backend == "fused"
     with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler.*use dense backend fused"):
         Engine(load_model(path), attention_backend="torch", dense_backend="cpp")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_pool_is_zeroed_independent_and_sized(dtype):
+    # The pool is an anonymous private mapping on Linux CPUs (huge-page advice), a torch tensor elsewhere:
+    # either way it starts at zero, the K and V pools share nothing and writes stay where they land.
+    from aspire_bench.engine.kv_cache import KVCache
+    cache = KVCache(2, 2, 16, 100, dtype, torch.device("cpu"))
+    assert cache.k.shape == cache.v.shape == (2, 2, 112, 16) and cache.k.dtype == dtype
+    assert not cache.k.any() and not cache.v.any()
+    cache.k[1, 0, 5] = 1.5
+    assert cache.k.sum().item() == 1.5 * 16 and not cache.v.any()
+    assert cache.bytes_per_position == 2 * 2 * 2 * 16 * cache.k.element_size()

@@ -103,10 +103,13 @@ def test_rows_split_into_chunks_merge_exactly(threads):
 
 @pytest.mark.parametrize("hq,hkv,reduce,queries,page_size", [
     (4, 4, PAGE_MAX_SUM, (0, -1), 16), (8, 2, TOKEN_MEAN, (0, 16), 16), (8, 1, PAGE_MAX_SUM, (3,), 12),
-    (8, 2, PAGE_MAX_SUM, (0, 5, 16, 16), 5), (4, 1, TOKEN_MEAN, (0,), 16), (4, 2, PAGE_MAX_SUM, (0,), 16)])
+    (8, 2, PAGE_MAX_SUM, (0, 5, 16, 16), 5), (4, 1, TOKEN_MEAN, (0,), 16), (4, 2, PAGE_MAX_SUM, (0,), 16),
+    (4, 2, PAGE_MAX_SUM, (0, -1), 32)])
 def test_scores_match_reference(hq, hkv, reduce, queries, page_size):
     # Captures on a verify row (causal: early queries see fewer keys) and on a decode row longer than
     # the score kernel's 1024-key chunk, next to a sparse row that does not capture.
+    # Page sizes that are multiples of the kernel's vector (16, 32) sum each vector of keys into its
+    # page at once; others (5, 12) go key by key.
     seed = SEED + hq * 10 + hkv + page_size
     q, k, v, rows = make_batch([(17, 150, None), (1, 1500, None), (1, 80, 0.5)], hq, hkv, 16,
                                torch.float32, page_size=page_size, seed=seed)

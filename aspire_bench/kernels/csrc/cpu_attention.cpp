@@ -308,6 +308,12 @@ void reduce_chunk(const float* sbuf, const float* lse, const int64_t* crow, cons
     }
     tok *= w;
     const int64_t jb = j_end - j0 < VL ? j_end - j0 : VL;
+    if (page_max_sum && page % VL == 0) {  // the VL keys lie in one page: one horizontal sum
+      vf iota;
+      for (int t = 0; t < VL; ++t) iota[t] = static_cast<float>(t);
+      out[out_off + j0 / page] += hsum(iota < static_cast<float>(jb) ? tok : vf{});
+      continue;
+    }
     for (int64_t t = 0; t < jb; ++t) {
       if (page_max_sum) out[out_off + (j0 + t) / page] += tok[t];
       else out[out_off + j0 + t] = tok[t];
