@@ -78,30 +78,42 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     lengths = sorted({max(engine.page_size, context // 4), context})
     grid = [(length, n_verify, d, ratio) for length in lengths
             for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for ratio in ratios]
-    samples = []
-    for i, (length, n_verify, d, ratio) in enumerate(grid):
+    steps = []  # (length, rows) per grid point
+    for length, n_verify, d, ratio in grid:
         n_pages = -(-length // engine.page_size)
         budget = page_budget(n_pages, ratio, 1)
         pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
         rows = []
         for j, slot in enumerate(slots):
-            slot.length = length
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
             else:
                 rows.append(Row(slot, [rng.randrange(100)], length, view=pages, full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
-        walls = []
-        for _ in range(repeats + 1):  # the first is a warm-up; the median resists machine noise
-            wall, reads = _time_step(engine, rows)
-            walls.append(wall)
+        steps.append((length, rows))
+    # Rounds over the whole grid in a fresh random order each, the first a warm-up: a drift in the
+    # machine's speed while it runs (large on a shared VM) then lands on every grid point alike
+    # instead of on the points timed last, and the median per point resists the rest.
+    walls, reads = [[] for _ in steps], [None] * len(steps)
+    for rnd in range(repeats + 1):
+        order = list(range(len(steps)))
+        rng.shuffle(order)
+        for done, i in enumerate(order):
+            length, rows = steps[i]
+            for slot in slots:
+                slot.length = length
+            wall, reads[i] = _time_step(engine, rows)
+            if rnd:
+                walls[i].append(wall)
             for slot in slots:
                 engine.rollback(slot, length)
-        qk = sum(row.n * read for row, read in zip(rows, reads))
-        samples.append((sum(row.n for row in rows), sum(reads), qk, statistics.median(walls[1:])))
-        if progress:
-            progress(i + 1, len(grid))
+            if progress:
+                progress(rnd * len(steps) + done + 1, (repeats + 1) * len(steps))
+    samples = []
+    for (_, rows), row_reads, times in zip(steps, reads, walls):
+        qk = sum(row.n * read for row, read in zip(rows, row_reads))
+        samples.append((sum(row.n for row in rows), sum(row_reads), qk, statistics.median(times)))
     for slot in slots:
         engine.free(slot)
     order = list(range(len(samples)))

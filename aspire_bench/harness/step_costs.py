@@ -92,15 +92,25 @@ class Cell:
 
 def timed(fn, repeats: int, sync) -> float:
     """Median wall seconds of fn over repeats, after one untimed call."""
-    fn()
-    sync()
-    ts = []
+    return timed_interleaved({0: fn}, repeats, sync)[0]
+
+
+def timed_interleaved(fns: dict, repeats: int, sync) -> dict:
+    """Median wall seconds of each fn over repeats. The kinds take turns (one round of each per repeat),
+    so a drift in the machine's speed during the measurement (on a shared VM, memory bandwidth moves
+    by 10-30% within minutes) shifts every kind alike and the ratios between kinds stay put. Each
+    timed call follows an untimed call of the same kind: the caches hold what a run of such steps
+    leaves there (a decoder's draft steps come in runs), not what the previous kind left."""
+    ts = {key: [] for key in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        for key, fn in fns.items():
+            fn()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(v) for key, v in ts.items()}
 
 
 def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:
@@ -121,15 +131,17 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
     cell = Cell(engine, context, batch, gamma, seed)
     try:
         res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
-        for kind in kinds:
-            res["ms"][kind] = timed(lambda k=kind: cell.step(k), repeats, sync) * 1e3
+        todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
+        fns = {kind: (lambda k=kind: cell.step(k)) for kind in kinds}
+        fns.update({("verify", g): (lambda g=g: cell.step("verify", g)) for g in todo})
+        ms = {key: t * 1e3 for key, t in timed_interleaved(fns, repeats, sync).items()}
+        res["ms"] = {kind: ms[kind] for kind in kinds}
         ar = res["ms"]["ar"]
         for kind in ("aspire", "window", "vegas"):
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
         res["v"] = res["ms"]["verify"] / ar
-        todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
-        verify_ms = {g: timed(lambda g=g: cell.step("verify", g), repeats, sync) * 1e3 for g in todo}
+        verify_ms = {g: ms[("verify", g)] for g in todo}
         verify_ms[gamma] = res["ms"]["verify"]
         res["v_by_gamma"] = {0: 1.0, **{g: t / ar for g, t in verify_ms.items()}}
         res["kv_positions_per_row"] = {k: v for k, v in cell.kv_positions.items() if k in kinds}
