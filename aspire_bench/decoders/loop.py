@@ -139,13 +139,15 @@ def take_draft(seq: Sequence, logits: torch.Tensor, params: SamplingParams, q: t
     seq.pending.append(tok)
 
 
-def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingParams, t: float) -> tuple[int, int, int]:
-    """Accept, roll the KV back to the exact prefix, commit a+1 tokens: (drafted, accepted, committed)."""
+def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingParams, t: float,
+                  probs: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """Accept, roll the KV back to the exact prefix, commit a+1 tokens: (drafted, accepted, committed).
+    `probs`: the target distributions of logits when already computed."""
     drafts, start = seq.pending, seq.context_len - 1
     if params.greedy:
         a, nxt = speculative.accept_greedy(logits, drafts)
     else:
-        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen)
+        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen, probs)
     engine.rollback(seq.slot, start + a + 1)  # last committed token + accepted drafts
     committed = commit(seq, drafts[:a] + [nxt], t, params.eos_token_ids)
     seq.verifications.append((len(drafts), a))
@@ -164,13 +166,14 @@ def _row(p: Plan) -> Row:
 
 
 def _batch_probs(plans: list[Plan], logits: list[torch.Tensor], params: SamplingParams) -> dict[int, torch.Tensor]:
-    """Sampling distributions of every one-token row (decode, draft) in one batched call: per row
-    the same values as a call of its own, at a fraction of the per-call cost."""
-    rows = [i for i, p in enumerate(plans) if p.kind != VERIFY]
-    if params.greedy or not rows:
+    """Sampling distributions of every row of the step in one batched call: the last position of a
+    one-token row (decode, draft) as [V], every position of a verify row as [n, V]. Per row the same
+    values as a call of its own, at a fraction of the per-call cost."""
+    if params.greedy or not plans:
         return {}
-    probs = logits_to_probs(torch.stack([logits[i][-1] for i in rows]), params)
-    return dict(zip(rows, probs.unbind(0)))
+    parts = [lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, logits)]
+    probs = logits_to_probs(torch.cat(parts), params).split([len(x) for x in parts])
+    return {i: pr if p.kind == VERIFY else pr[0] for i, (p, pr) in enumerate(zip(plans, probs))}
 
 
 def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: SamplingParams, clock) -> StepTrace:
@@ -191,7 +194,7 @@ def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: Sampl
             take_draft(seq, lg[-1], params, probs.get(i))
             rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read)
         else:
-            d, a, n = finish_verify(engine, seq, lg, params, t1)
+            d, a, n = finish_verify(engine, seq, lg, params, t1, probs.get(i))
             policy.observe(seq, d, a)
             rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read)
         trace.rows.append(rt)

@@ -22,10 +22,12 @@ def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, 
 
 
 def accept_sampling(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor],
-                    params: SamplingParams, gen: torch.Generator | None) -> tuple[int, int]:
+                    params: SamplingParams, gen: torch.Generator | None,
+                    p: torch.Tensor | None = None) -> tuple[int, int]:
     """Leviathan et al. rejection sampling: accept x with prob min(1, p(x)/q(x)); on rejection
-    sample from normalize(max(0, p - q)); if all are accepted, the bonus comes from p."""
-    p = logits_to_probs(target_logits, params)
+    sample from normalize(max(0, p - q)); if all are accepted, the bonus comes from p.
+    `p`: the target distributions of target_logits when already computed."""
+    p = logits_to_probs(target_logits, params) if p is None else p
     for j, (x, q) in enumerate(zip(drafts, qs)):
         u = float(torch.rand((), generator=gen, device=p.device))
         if u * float(q[x]) < float(p[j, x]):  # u < p/q without dividing by a zero q

@@ -150,8 +150,9 @@ def test_step_traces_carry_the_engines_figure(engine, monkeypatch):
 
 @pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (0, 0.9), (0, 1.0)])
 def test_batched_sampling_distributions_equal_one_call_per_row(top_k, top_p):
-    """The loop computes every one-token row's distribution in one call: the same values, bit for bit,
-    as a call per row (so batching never changes what a seed samples)."""
+    """The loop computes every row's distributions in one call (the last position of a one-token row,
+    every position of a verify row): the same values, bit for bit, as a call per row (so batching
+    never changes what a seed samples)."""
     from aspire_bench.decoders.common import logits_to_probs
     from aspire_bench.decoders.loop import Plan, _batch_probs
     params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
@@ -159,7 +160,30 @@ def test_batched_sampling_distributions_equal_one_call_per_row(top_k, top_p):
     logits = [torch.randn(n, 300, generator=gen) * 4 for n in (1, 4, 1, 1)]  # the 4-token row verifies
     plans = [Plan(None, kind) for kind in ("draft", "verify", "decode", "draft")]
     probs = _batch_probs(plans, logits, params)
-    assert sorted(probs) == [0, 2, 3]
+    assert sorted(probs) == [0, 1, 2, 3]
     for i, q in probs.items():
-        assert torch.equal(q, logits_to_probs(logits[i][-1], params))
+        assert torch.equal(q, logits_to_probs(logits[i] if i == 1 else logits[i][-1], params))
     assert _batch_probs(plans, logits, SamplingParams()) == {}  # greedy: no distributions
+
+
+def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p by sorting the whole vocabulary: the definition the fast path must match."""
+    sp, si = torch.sort(probs, dim=-1, descending=True)
+    drop = (sp.cumsum(-1) - sp) > top_p
+    kept = sp.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, si, kept / kept.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 8.0])  # flat (the nucleus is most of the vocabulary) to peaked
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_without_a_full_sort_matches_the_sorted_definition(scale, top_p, seed):
+    from aspire_bench.decoders.common import logits_to_probs
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 1000, generator=gen) * scale
+    logits[0] *= 20  # one peaked row next to the others: the batch's top-k grows for the flat ones
+    got = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    want = _nucleus_by_sort(torch.softmax(logits, -1), top_p)
+    assert torch.equal(got > 0, want > 0), f"seed {seed}: the nucleus differs"
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+    for i in range(6):  # and one row alone gives the same values as in the batch
+        assert torch.equal(logits_to_probs(logits[i], SamplingParams(temperature=1.0, top_p=top_p)), got[i])

@@ -121,14 +121,14 @@ def nudge(monkeypatch, index: int, position: int, by: float = 1e-3) -> dict:
     seen = {}
     original = loop.finish_verify
 
-    def finish_verify(engine, st, logits, params, t):
+    def finish_verify(engine, st, logits, params, t, probs=None):  # greedy: no distributions
         j = position - len(st.out)
         if st.index == index and 0 <= j < logits.shape[0]:
             logits = logits.clone()
             (v1, v2), (_, i2) = (x.tolist() for x in torch.topk(logits[j], 2))
             logits[j, i2] = v1 + by
             seen["margin"] = v1 - v2
-        return original(engine, st, logits, params, t)
+        return original(engine, st, logits, params, t, probs)
 
     monkeypatch.setattr(loop, "finish_verify", finish_verify)
     return seen
