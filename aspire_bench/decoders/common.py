@@ -1,6 +1,7 @@
 """Sampling shared by every decoder: temperature, top-k, top-p and one draw from a distribution."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import SamplingParams
@@ -21,18 +22,35 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-p over the whole vocabulary without sorting it: once the k most likely tokens hold more than
-    top_p of the mass, every token past them is outside the nucleus, so a top-k (k = 64, grown 4x
-    while some row falls short) gives exactly what a full sort gives, at a small fraction of its cost
-    on a CPU (torch.sort of 8 x 4k logits: ~1.5 ms; a top-64: ~0.05 ms)."""
-    vocab = probs.shape[-1]
-    k = min(64, vocab)
-    while True:
-        sp, si = torch.topk(probs, k, dim=-1)
-        if k == vocab or bool((sp.sum(-1) > top_p).all()):
+    """Top-p over the whole vocabulary, mostly without sorting it: once a row's k most likely tokens
+    hold more than top_p of the mass, none past them is in its nucleus, so its k best, sorted, give
+    exactly what a full sort gives. k = 64, then 512 for the rows still short, then the whole
+    vocabulary. Each row takes its own path, so a row's result does not depend on the rest of the
+    batch. (On a CPU torch.sort of 8 x 4k values costs ~1.5 ms, a top-64 ~0.05 ms.)"""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out, vocab = torch.zeros_like(flat), flat.shape[-1]
+    todo = torch.arange(flat.shape[0], device=flat.device)
+    for k in (64, 512, vocab):
+        k = min(k, vocab)
+        sp, si = _best(flat[todo], k)
+        done = sp.sum(-1) > top_p if k < vocab else torch.ones_like(todo, dtype=torch.bool)
+        out[todo[done]] = flat.new_zeros(int(done.sum()), vocab).scatter_(-1, si[done], _top_p(sp[done], top_p))
+        todo = todo[~done]
+        if not len(todo):
             break
-        k = min(4 * k, vocab)
-    return torch.zeros_like(probs).scatter_(-1, si, _top_p(sp, top_p))
+    return out.view_as(probs)
+
+
+def _best(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row, descending, and their indices. On a CPU beyond small k numpy
+    partitions and sorts the part (torch.sort and a large torch.topk are several times slower)."""
+    if x.device.type != "cpu" or k <= 64:
+        return torch.topk(x, k, dim=-1)
+    a = -x.numpy()
+    idx = np.argpartition(a, k - 1, axis=-1)[:, :k] if k < a.shape[-1] else np.broadcast_to(np.arange(k), a.shape)
+    idx = np.take_along_axis(idx, np.argsort(np.take_along_axis(a, idx, -1), axis=-1), -1)
+    si = torch.from_numpy(np.ascontiguousarray(idx))
+    return x.gather(-1, si), si
 
 
 def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
