@@ -1,12 +1,15 @@
 """Cost-model calibration: time real mixed steps over a grid of batch compositions, fit the betas.
 
 The fit is what ASPIRE's scheduler uses for c_i (see scheduler.CostModel). A calibration is stored
-per model / device / dtype / attention backend / page size / batch size with its timing samples, so
+per model / device / dtype / attention and dense backend / page size / batch size / version of the
+engine's and kernels' code with its timing samples, so
 that each variant of the cost model (with or without the query x KV term) is refitted from the same
 samples, and a run can replay it exactly.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import random
@@ -35,12 +38,24 @@ def calibration_dir() -> Path:
     return cache_dir() / "calibration"
 
 
+@functools.lru_cache(maxsize=1)
+def engine_code_hash() -> str:
+    """A short hash of the code that sets a step's cost (the engine and the kernels, their C++ too): a
+    calibration timed before a change to it describes another machine and is not reused."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted([*(root / "engine").glob("*.py"), *(root / "kernels").rglob("*.py"),
+                        *(root / "kernels").rglob("*.cpp")]):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:8]
+
+
 def calibration_key(engine: Engine, batch_size: int) -> str:
     safe = "".join(ch if ch.isalnum() else "_" for ch in str(engine.name))[-60:]
     dtype = str(engine.dtype).replace("torch.", "")
     # The attention and dense backends both set the step costs: a faster dense path is another machine.
     return (f"{safe}-{engine.device.type}-{dtype}-{engine.backend.name}-{engine.dense_backend}"
-            f"-p{engine.page_size}-b{batch_size}")
+            f"-p{engine.page_size}-b{batch_size}-{engine_code_hash()}")
 
 
 def calibration_path(engine: Engine, batch_size: int) -> Path:

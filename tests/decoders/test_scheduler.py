@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,9 +158,29 @@ def test_calibrations_live_in_the_kernel_cache_unless_told_otherwise(monkeypatch
 def test_a_calibration_belongs_to_one_attention_backend_and_one_dense_path(engine, monkeypatch):
     from aspire_bench.decoders.calibration import calibration_key
     key = calibration_key(engine, 8)
-    assert engine.backend.name in key and engine.dense_backend in key and key.endswith("-b8")
+    assert engine.backend.name in key and engine.dense_backend in key and "-b8-" in key
     monkeypatch.setattr(engine, "dense_backend", "eager" if engine.dense_backend != "eager" else "fused")
     assert calibration_key(engine, 8) != key  # step costs measured with another dense path are not reused
+
+
+def test_a_calibration_belongs_to_one_version_of_the_engine_and_kernel_code(engine, tmp_path, monkeypatch):
+    import shutil
+
+    import aspire_bench
+    from aspire_bench.decoders import calibration
+    pkg = Path(aspire_bench.__file__).parent
+    copy = tmp_path / "aspire_bench"
+    for sub in ("engine", "kernels", "decoders"):
+        shutil.copytree(pkg / sub, copy / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(calibration, "__file__", str(copy / "decoders" / "calibration.py"))
+    calibration.engine_code_hash.cache_clear()
+    before = calibration.calibration_key(engine, 8)
+    assert before == calibration.calibration_key(engine, 8)
+    kernel = next((copy / "kernels").rglob("*.cpp"))
+    kernel.write_text(kernel.read_text() + "\n// changed\n")
+    calibration.engine_code_hash.cache_clear()
+    assert calibration.calibration_key(engine, 8) != before  # timed with other kernels: recalibrated
+    calibration.engine_code_hash.cache_clear()
 
 
 def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
