@@ -355,6 +355,7 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
     click.echo(f"step time = {res['beta0'] * 1e3:.3f} ms + {res['beta_tok'] * 1e6:.2f} us/token + "
                f"{res['beta_attn'] * 1e9:.3f} ns/KV position read + "
                f"{res['beta_qk'] * 1e9:.3f} ns/(query x KV position)"
+               + (f" beyond a row's first {res['qk_free']} queries" if res["beta_qk"] and res["qk_free"] else "")
                + ("" if res["beta_qk"] else " (query x KV term not significant: the paper's three terms)"))
     from .decoders.scheduler import CostModel, fit_problem
     problem = fit_problem(CostModel.from_dict(res, "calibration"))

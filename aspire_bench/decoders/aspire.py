@@ -24,6 +24,7 @@ from .scheduler import (
     best_gamma,
     fit_cost_model,
     fit_problem,
+    qk_term,
     update_alpha,
 )
 from .selection import page_budget, select_pages
@@ -154,8 +155,8 @@ class AspirePolicy(Policy):
         """calibration=online only: refit the cost model from this run's own steps (timing-dependent)."""
         if self.settings.calibration != "online":
             return
-        self.samples.append((trace.n_tokens, sum(rw.kv_read for rw in trace.rows),
-                             sum(rw.n_tokens * rw.kv_read for rw in trace.rows), trace.wall))
+        per_row = [(rw.n_tokens, rw.kv_read) for rw in trace.rows]
+        self.samples.append((trace.n_tokens, sum(kv for _, kv in per_row), qk_term(per_row), trace.wall, per_row))
         every = self.settings.online_fit_every
         if len(self.samples) >= every and len(self.samples) % every == 0:
             fit = fit_cost_model(self.samples[-256:], source="online", qk=self.settings.cost_terms == "auto")

@@ -43,6 +43,10 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+# The ASPIRE paper's sampling setting (temperature 0.7, top-k 50, top-p 0.9).
+PAPER_SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
+
+
 @dataclass
 class RowTrace:
     """One request's part in one engine step."""

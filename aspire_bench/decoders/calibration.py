@@ -23,8 +23,10 @@ import torch
 
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
 from ..errors import ConfigError
-from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem
-from .selection import page_budget
+from .base import PAPER_SAMPLING
+from .common import logits_to_probs, sample_from
+from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
+from .selection import page_budget, select_pages
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
 # positions read, so the fit carries to longer contexts.
@@ -62,10 +64,23 @@ def calibration_path(engine: Engine, batch_size: int) -> Path:
     return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
 
 
-def _time_step(engine: Engine, rows: list[Row]) -> tuple[float, list[int]]:
-    """(seconds, each row's KV read as the engine reports it)."""
+def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[int]]:
+    """(seconds, each row's KV read as the engine reports it). A step is timed as the decoding loop
+    runs it: the forward pass, then the host work on its output, which is part of every step's cost
+    (with a compiled forward, a tenth or more of a short draft step): every row's sampling
+    distributions in one batched call (the paper's sampling), a draw for each one-token row, and for
+    each one-token row that captured page scores the next draft's page selection."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
+    parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
+    probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
+    for i, (row, p) in enumerate(zip(rows, probs)):
+        if row.n == 1:
+            sample_from(p[0], gen)
+            if row.capture is not None:
+                n_pages = -(-(row.start + 1) // engine.page_size)
+                select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
+                             page_budget(n_pages, 0.07, 32), 8)
     return time.perf_counter() - t0, out.kv_read
 
 
@@ -73,11 +88,13 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
               repeats: int = 3, seed: int = 0, progress=None) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
-    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds). Steps are
+    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
+    forward pass and its host work (see _time_step), each row's (tokens, KV read)). Steps are
     timed at two lengths (context / 4 and context): at one length a verify row's query x KV work
     grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
     """
     rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work
     d_max = max(drafts)
     engine.reserve(batch_size * (context + d_max + engine.page_size))
     # A step's time does not depend on what the KV holds: random values instead of a prefill keep a
@@ -118,7 +135,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
             length, rows = steps[i]
             for slot in slots:
                 slot.length = length
-            wall, reads[i] = _time_step(engine, rows)
+            wall, reads[i] = _time_step(engine, rows, gen)
             if rnd:
                 walls[i].append(wall)
             for slot in slots:
@@ -127,8 +144,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
                 progress(rnd * len(steps) + done + 1, (repeats + 1) * len(steps))
     samples = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
-        qk = sum(row.n * read for row, read in zip(rows, row_reads))
-        samples.append((sum(row.n for row in rows), sum(row_reads), qk, statistics.median(times)))
+        per_row = [(row.n, read) for row, read in zip(rows, row_reads)]
+        samples.append((sum(row.n for row in rows), sum(row_reads), qk_term(per_row), statistics.median(times),
+                        per_row))
     for slot in slots:
         engine.free(slot)
     order = list(range(len(samples)))
@@ -137,7 +155,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     train = [samples[i] for i in order[:cut]]
     held = [samples[i] for i in order[cut:]] or train
     model = fit_cost_model(train, source="calibration")
-    rel = [abs(model.step_time(n, kv, q) - t) / t for n, kv, q, t in held]
+    rel = [abs(model.rows_time(s[4]) - s[3]) / s[3] for s in held]
     full = fit_cost_model(samples, source="calibration")
     return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
             "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
@@ -163,7 +181,7 @@ def cost_model_from(calibration: dict, source: str, qk: bool = True) -> CostMode
     if samples:
         return fit_cost_model(samples, source=source, qk=qk)
     model = CostModel.from_dict(calibration, source)
-    return model if qk else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
+    return model if qk else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2, 0)
 
 
 def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int) -> CostModel:

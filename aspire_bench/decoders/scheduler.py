@@ -12,6 +12,13 @@ MIN_R2 = 0.9
 # beta_qk is kept only when its t-statistic reaches this: on a GPU (verification cost flat in the
 # number of queries) it fits ~0 and the model reduces to the paper's three terms.
 QK_MIN_T = 3.0
+# Candidate numbers of a row's queries that ride free on its KV read (see CostModel.qk_free).
+QK_FREE = (0, 1, 2, 3, 4, 6, 8)
+
+
+def qk_term(rows, free: int = 0) -> float:
+    """Sum over rows (tokens, KV positions read) of the tokens beyond the first `free` x the KV read."""
+    return float(sum(max(0, n - free) * kv for n, kv in rows))
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -52,10 +59,12 @@ class RequestSchedule:
 @dataclass
 class CostModel:
     """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
-    + beta_qk * sum over rows of (row tokens x row KV positions read).
+    + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read).
 
     The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
-    arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0.
+    arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
+    KV is read once for all its queries, so while the arithmetic of a few queries hides under that
+    read they cost nothing extra: `qk_free` (fitted) is how many. 0 is the plain linear term.
     """
 
     beta0: float
@@ -64,9 +73,16 @@ class CostModel:
     beta_qk: float = 0.0
     source: str = "default"
     r2: float | None = None
+    qk_free: int = 0
 
     def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0) -> float:
+        """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free)."""
         return self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
+
+    def rows_time(self, rows) -> float:
+        """The time of a step of these rows, each (tokens, KV positions read)."""
+        rows = list(rows)
+        return self.step_time(sum(n for n, _ in rows), sum(kv for _, kv in rows), qk_term(rows, self.qk_free))
 
     def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int) -> float:
         """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch`.
@@ -76,20 +92,21 @@ class CostModel:
         drafts is gamma * (T_draft + g) + T_verify(d_i) - d_i * g, which keeps the paper's form with
         c_i = (T_draft + g) / (T_verify(d_i) - d_i * g).
         """
-        t_draft = self.step_time(batch, batch * draft_kv, batch * draft_kv)
-        t_verify = self.step_time(batch * (drafts + 1), batch * context, batch * (drafts + 1) * context)
-        growth = self.beta_qk * batch * context
+        t_draft = self.rows_time([(1, draft_kv)] * batch)
+        t_verify = self.rows_time([(drafts + 1, context)] * batch)
+        # the next draft adds query x KV work once the verify row has more than qk_free tokens
+        growth = self.beta_qk * batch * context if drafts + 2 > self.qk_free else 0.0
         base = t_verify - drafts * growth
         return (t_draft + growth) / base if base > 0 else 1.0
 
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
-                "beta_qk": self.beta_qk, "source": self.source, "r2": self.r2}
+                "beta_qk": self.beta_qk, "qk_free": self.qk_free, "source": self.source, "r2": self.r2}
 
     @classmethod
     def from_dict(cls, d: dict, source: str) -> CostModel:
         return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
-                   source, d.get("r2"))
+                   source, d.get("r2"), int(d.get("qk_free", 0)))
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -136,22 +153,33 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
 
 
-def fit_cost_model(samples: list[tuple[float, ...]], source: str = "fit", qk: bool = True) -> CostModel:
-    """Non-negative least squares on (n_tokens, kv_read, qk, seconds) samples (or (n_tokens, kv_read,
-    seconds)): a term that would fit below zero is held at 0.
+def fit_cost_model(samples: list[tuple], source: str = "fit", qk: bool = True) -> CostModel:
+    """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
+    row's (tokens, KV read); older samples without rows, (n_tokens, kv_read, qk, seconds) or
+    (n_tokens, kv_read, seconds), fit qk_free = 0. A term that would fit below zero is held at 0.
 
-    The query x KV term is fitted when `qk` and kept only when significant (t >= QK_MIN_T and
-    positive); otherwise the paper's three terms are refitted without it. `fit_problem` says whether
-    the fit may be used (its R^2).
+    The query x KV term is fitted when `qk`, for each candidate qk_free when the samples have rows,
+    and kept only when significant (t >= QK_MIN_T and positive); the best such fit is returned,
+    otherwise the paper's three terms refitted without it. `fit_problem` says whether the fit may be
+    used (its R^2).
     """
-    rows = [s if len(s) == 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
-    X4 = np.array([[1.0, n, kv, q] for n, kv, q, _ in rows])
-    y = np.array([t for *_, t in rows])
-    if qk and X4[:, 3].std() > 0:
-        beta, t, r2 = _nonnegative_lstsq(X4, y)
-        if beta[3] > 0 and t[3] >= QK_MIN_T:
-            return CostModel(*map(float, beta), source=source, r2=r2)
-    beta, _, r2 = _nonnegative_lstsq(X4[:, :3], y)
+    norm = [tuple(s) if len(s) >= 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
+    X3 = np.array([[1.0, s[0], s[1]] for s in norm])
+    y = np.array([s[3] for s in norm])
+    best = None
+    if qk:
+        with_rows = all(len(s) == 5 for s in norm)
+        for free in QK_FREE if with_rows else (0,):
+            q = [qk_term(s[4], free) if with_rows else s[2] for s in norm]
+            X4 = np.column_stack((X3, q))
+            if X4[:, 3].std() == 0:
+                continue
+            beta, t, r2 = _nonnegative_lstsq(X4, y)
+            if beta[3] > 0 and t[3] >= QK_MIN_T and (best is None or (r2 or 0) > (best.r2 or 0)):
+                best = CostModel(*map(float, beta), source=source, r2=r2, qk_free=free)
+    if best is not None:
+        return best
+    beta, _, r2 = _nonnegative_lstsq(X3, y)
     return CostModel(*map(float, beta), 0.0, source=source, r2=r2)
 
 

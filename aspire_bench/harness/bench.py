@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..decoders.base import PAPER_SAMPLING
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -31,7 +32,7 @@ from .tuning import TUNE_GRIDS
 DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
 BASELINES = ("magicdec", "vegas")
 # Named sampling settings: greedy is the parity setting, "paper" the ASPIRE paper's sampling setting.
-SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (0.7, 50, 0.9)}
+SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k, PAPER_SAMPLING.top_p)}
 # Requests per cell by default: more than one batch, so continuous batching refills slots and the
 # intervals sample prompts, not only timing noise.
 MIN_REQUESTS = 16

@@ -4,7 +4,8 @@ A row is (kind, tokens it puts through the forward pass, KV positions it attends
 a stored run's step rows. Two models:
 
 - `CalibratedCost`: this machine's fitted cost model (decoders/scheduler.py CostModel):
-  beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of tokens x KV read.
+  beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of (tokens beyond the
+  first qk_free) x KV read.
 - `Roofline`: a hardware profile and a model shape. A step reads every weight once and each row's
   KV; it computes 2 FLOPs per weight per token plus attention's 4 * heads * head_dim FLOPs per
   (query, KV position) per layer. time = max(bytes / (BW * eff_bw), FLOPs / (peak * eff_flops))
@@ -16,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..decoders.scheduler import CostModel, fit_cost_model
+from ..decoders.scheduler import CostModel, fit_cost_model, qk_term
 from ..errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -123,10 +124,7 @@ class CalibratedCost:
         self.model = model
 
     def step_time(self, rows) -> float:
-        n = sum(r[1] for r in rows)
-        kv = sum(r[2] for r in rows)
-        qk = sum(r[1] * r[2] for r in rows)
-        return self.model.step_time(n, kv, qk)
+        return self.model.rows_time((r[1], r[2]) for r in rows)
 
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         return self.model
@@ -165,8 +163,9 @@ class Roofline:
                     for ratio in (0.07, 0.25, 1.0):
                         rows = [("verify", d + 1, length + d + 1) if j < n_verify else
                                 ("draft", 1, int(ratio * length) + 1) for j in range(batch)]
-                        samples.append((sum(r[1] for r in rows), sum(r[2] for r in rows),
-                                        sum(r[1] * r[2] for r in rows), self.step_time(rows)))
+                        per_row = [(r[1], r[2]) for r in rows]
+                        samples.append((sum(r[1] for r in rows), sum(r[2] for r in rows), qk_term(per_row),
+                                        self.step_time(rows), per_row))
         return fit_cost_model(samples, source=f"roofline fit ({self.hw.name}, {self.shape.name})")
 
     def describe(self) -> dict:

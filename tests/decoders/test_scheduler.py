@@ -19,6 +19,7 @@ from aspire_bench.decoders.scheduler import (
     best_gamma,
     fit_cost_model,
     fit_problem,
+    qk_term,
     update_alpha,
 )
 from aspire_bench.decoders.sequence import Sequence
@@ -88,6 +89,45 @@ def test_cost_ratio_reduces_to_the_paper_without_qk_and_grows_with_it():
     t_verify_qk = t_verify + 1e-9 * 8 * 5 * 16000
     assert qk.cost_ratio(8, 1000, 16000, 4) == pytest.approx((t_draft_qk + g) / (t_verify_qk - 4 * g))
     assert qk.cost_ratio(8, 1000, 16000, 4) > paper.cost_ratio(8, 1000, 16000, 4)
+
+
+def _hinge_samples(free: int, seed: int, n_steps: int = 90):
+    """Steps of 8 rows, drafts (1 token) and verifies (2..17 tokens) mixed, timed by a model whose
+    first `free` queries of a row cost nothing beyond its KV read, with 1% noise."""
+    gen = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n_steps):
+        rows = [(int(gen.choice([1, 2, 5, 9, 17])), int(gen.integers(1000, 17000))) for _ in range(8)]
+        n, kv = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        t = (0.001 + 5e-5 * n + 2e-8 * kv + 3e-9 * qk_term(rows, free)) * (1 + 0.01 * gen.standard_normal())
+        samples.append((n, kv, qk_term(rows), t, rows))
+    return samples
+
+
+@pytest.mark.parametrize("free", [0, 3, 6])
+def test_fit_finds_how_many_queries_ride_free_on_the_kv_read(free, seed):
+    m = fit_cost_model(_hinge_samples(free, seed))
+    assert m.qk_free == free, f"seed {seed}"
+    assert m.beta_qk == pytest.approx(3e-9, rel=0.15) and m.beta_attn == pytest.approx(2e-8, rel=0.15)
+    again = CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay")
+    assert again.qk_free == free and again.rows_time([(5, 4000)]) == m.rows_time([(5, 4000)])
+
+
+def test_samples_without_rows_fit_a_plain_query_x_kv_term():
+    old = [s[:4] for s in _hinge_samples(0, 1)]  # calibrations stored before rows were kept
+    m = fit_cost_model(old)
+    assert m.qk_free == 0 and m.beta_qk == pytest.approx(3e-9, rel=0.15)
+
+
+def test_cost_ratio_with_free_queries():
+    m = CostModel(0.002, 1e-4, 3e-8, 1e-9, qk_free=3)
+    t_draft = 0.002 + 8e-4 + 8 * 1000 * 3e-8  # one query per draft row: free
+    # a verify of 1 draft (2 tokens) has no query x KV work and its next draft adds none
+    assert m.cost_ratio(8, 1000, 16000, 1) == pytest.approx(t_draft / (0.002 + 16e-4 + 8 * 16000 * 3e-8))
+    # at 4 drafts (5 tokens) 2 queries per row pay, and each further draft adds g
+    g = 1e-9 * 8 * 16000
+    t_verify = 0.002 + 40e-4 + 8 * 16000 * 3e-8 + 2 * g
+    assert m.cost_ratio(8, 1000, 16000, 4) == pytest.approx((t_draft + g) / (t_verify - 4 * g))
 
 
 def test_fit_quality_check():
