@@ -69,7 +69,8 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
     distributions in one batched call (the paper's sampling), a draw for each one-token row, and for
-    each one-token row that captured page scores the next draft's page selection."""
+    each one-token row that captured page scores the next draft's page selection (at ASPIRE's default
+    budget: 7% of the pages, at least 32, the 8 most recent always)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
     parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
