@@ -143,20 +143,23 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
             r.reference_ids = a.output_ids
     p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
     if cfg.warmup:
-        warm_up(p)
+        warm_up(p, show_progress)
     return p
 
 
-def warm_up(p: Prepared) -> None:
+def warm_up(p: Prepared, show_progress: bool = False) -> None:
     """A short generate (allocator, kernels, caches), excluded from every figure. With a prefix cache,
     every prompt is prefilled here too, so no measured run (the first decoder of a group) pays prefills
-    that the others get from the cache."""
+    that the others get from the cache. Its progress shows unless every prompt is cached already (a
+    32k prefill is minutes of work)."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up", False)
-    if p.engine.prefix_cache is not None:
+    cache = p.engine.prefix_cache
+    show = show_progress and not (cache is not None and all(tuple(r.prompt_ids[:-1]) in cache for r in p.reqs))
+    generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up (prefill)", show)
+    if cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
         if prime:
-            generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", False)
+            generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", show)
 
 
 def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> GenerationOutput:

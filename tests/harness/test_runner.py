@@ -146,3 +146,27 @@ def test_prefix_cache_gives_identical_outputs(random_tiny):
     assert [r.output_ids for r in second.results] == [r.output_ids for r in plain.results]
     prefill_tokens = [row.n_tokens for s in second.steps for row in s.rows if row.kind == "prefill"]
     assert prefill_tokens == [1, 1, 1]  # only the last prompt token ran: the rest came from the cache
+
+
+def test_warm_up_shows_the_prefill_unless_every_prompt_is_cached(monkeypatch):
+    """A 32k prefill of a cell's prompts is minutes of work: the warm-up that does it shows progress;
+    once the prefix cache holds every prompt (the other decoders of a bench cell) it stays quiet."""
+    from types import SimpleNamespace
+
+    from aspire_bench.decoders.base import Request
+    from aspire_bench.harness import runner
+    shown = []
+    monkeypatch.setattr(runner, "generate", lambda *a: shown.append((a[6], a[7])))
+    reqs = [Request(f"r{i}", [1, 2, i + 3], 8) for i in range(3)]
+    cache = {}
+    p = SimpleNamespace(reqs=reqs, cfg=SimpleNamespace(batch_size=2), engine=SimpleNamespace(prefix_cache=cache),
+                        decoder="ar", params=None)
+    runner.warm_up(p, show_progress=True)
+    assert shown == [("warm-up (prefill)", True), ("prefill", True)]
+    cache.update({tuple(r.prompt_ids[:-1]): None for r in reqs})
+    shown.clear()
+    runner.warm_up(p, show_progress=True)
+    assert shown == [("warm-up (prefill)", False), ("prefill", False)]
+    shown.clear()
+    runner.warm_up(p)  # a caller that shows no progress
+    assert [s for _, s in shown] == [False, False]
