@@ -27,7 +27,7 @@ from .scheduler import (
     qk_term,
     update_alpha,
 )
-from .selection import page_budget, select_pages
+from .selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, select_pages
 
 POLICIES = ("adaptive", "fixed", "fsm", "oracle")
 ZERO_DRAFT = ("relax", "freeze")
@@ -36,9 +36,9 @@ COST_TERMS = ("auto", "paper")
 
 @dataclass(frozen=True)
 class AspireSettings:
-    ratio: float = 0.07  # share of the pages a draft reads
-    min_pages: int = 32  # ... but at least this many
-    recent_pages: int = 8  # the most recent pages, always in the draft's set
+    ratio: float = PAGE_RATIO  # share of the pages a draft reads
+    min_pages: int = MIN_PAGES  # ... but at least this many
+    recent_pages: int = RECENT_PAGES  # the most recent pages, always in the draft's set
     d_max: int = 16  # longest draft
     gamma_init: int = 3  # drafts before a request's first verification
     omega: float = 0.8  # EMA weight of the acceptance estimate

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from .base import PAPER_SAMPLING
 from .common import logits_to_probs, sample_from
 from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
-from .selection import page_budget, select_pages
+from .selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, select_pages
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
 # positions read, so the fit carries to longer contexts.
@@ -69,8 +69,8 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
     distributions in one batched call (the paper's sampling), a draw for each one-token row, and for
-    each one-token row that captured page scores the next draft's page selection (at ASPIRE's default
-    budget: 7% of the pages, at least 32, the 8 most recent always)."""
+    each one-token row that captured page scores the next draft's page selection (ASPIRE's default
+    budget)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
     parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
@@ -81,7 +81,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
             if row.capture is not None:
                 n_pages = -(-(row.start + 1) // engine.page_size)
                 select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
-                             page_budget(n_pages, 0.07, 32), 8)
+                             page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
     return time.perf_counter() - t0, out.kv_read
 
 

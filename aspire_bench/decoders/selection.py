@@ -16,6 +16,10 @@ def streaming_positions(prefix_len: int, sinks: int, budget: int) -> torch.Tenso
     return torch.cat((torch.arange(sinks), torch.arange(prefix_len - recent, prefix_len)))
 
 
+# ASPIRE's draft budget (the paper's): 7% of a request's pages, at least 32, the 8 most recent always.
+PAGE_RATIO, MIN_PAGES, RECENT_PAGES = 0.07, 32, 8
+
+
 def page_budget(num_pages: int, ratio: float, min_pages: int) -> int:
     """ASPIRE: k = max(k_min, ceil(ratio * P))."""
     return max(min_pages, math.ceil(ratio * num_pages))

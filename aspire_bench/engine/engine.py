@@ -74,6 +74,10 @@ class Engine:
             sl = slice(slot.base, slot.base + len(ids))
             self.prefix_cache[tuple(ids)] = (self.cache.k[:, :, sl].clone(), self.cache.v[:, :, sl].clone())
 
+    def has_prefix(self, ids) -> bool:
+        """Whether the KV of `ids` is in the prefix cache."""
+        return self.prefix_cache is not None and tuple(ids) in self.prefix_cache
+
     def restore_prefix(self, slot: Slot, ids) -> bool:
         """Write the cached KV of `ids` into the slot; False when it is not cached."""
         hit = self.prefix_cache.get(tuple(ids)) if self.prefix_cache is not None else None

@@ -153,10 +153,10 @@ def warm_up(p: Prepared, show_progress: bool = False) -> None:
     that the others get from the cache. Its progress shows unless every prompt is cached already (a
     32k prefill is minutes of work)."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    cache = p.engine.prefix_cache
-    show = show_progress and not (cache is not None and all(tuple(r.prompt_ids[:-1]) in cache for r in p.reqs))
+    # the loop caches a prompt's prefix without its last token (decoders/loop.py _admit)
+    show = show_progress and not all(p.engine.has_prefix(r.prompt_ids[:-1]) for r in p.reqs)
     generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up (prefill)", show)
-    if cache is not None:
+    if p.engine.prefix_cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]
         if prime:
             generate("ar", {}, p.engine, prime, p.params, p.cfg.batch_size, "prefill", show)

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from ..decoders.selection import page_budget, streaming_positions
+from ..decoders.selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, streaming_positions
 from ..engine import Capture, Engine, PageView, Row, TokenView
 
 KINDS = ("weights", "ar", "aspire", "window", "verify")
@@ -48,12 +48,12 @@ class Cell:
         engine.cache.v.uniform_(-2.0, 2.0)
         self.slots = [engine.alloc(per_slot) for _ in range(batch)]
         n_pages = -(-context // ps)
-        budget = page_budget(n_pages, 0.07, 32)
+        budget, recent = page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES
         g = torch.Generator().manual_seed(seed)
         self.pages = []
-        for _ in self.slots:  # the 8 most recent pages + random others, as select_pages returns them
-            older = torch.randperm(n_pages - 8, generator=g)[:budget - 8]
-            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - 8, n_pages))))
+        for _ in self.slots:  # the most recent pages + random others, as select_pages returns them
+            older = torch.randperm(n_pages - recent, generator=g)[:budget - recent]
+            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - recent, n_pages))))
         self.window = streaming_positions(context, 16, 256)
         n_vegas = min(context, max(256, int(0.05 * context)))
         self.vegas = torch.randperm(context, generator=g)[:n_vegas].sort().values

@@ -109,13 +109,6 @@ ARG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, needle", ARG_CASES, ids=[" ".join(a) for a, _ in ARG_CASES])
-def test_bad_arguments_are_refused(work, args, needle):
-    before = snapshot(work)
-    assert_refused(cli(*args, cwd=work), needle)
-    assert snapshot(work) == before
-
-
 # --- the store: reads never write, never trace back ---------------------------------------------------
 
 STORE_CASES = [
@@ -139,8 +132,8 @@ STORE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, needle", STORE_CASES, ids=[" ".join(a) for a, _ in STORE_CASES])
-def test_bad_stores_and_settings_are_refused(work, args, needle):
+@pytest.mark.parametrize("args, needle", ARG_CASES + STORE_CASES, ids=[" ".join(a) for a, _ in ARG_CASES + STORE_CASES])
+def test_bad_arguments_stores_and_settings_are_refused(work, args, needle):
     before = snapshot(work)
     assert_refused(cli(*args, cwd=work), needle)
     assert snapshot(work) == before

@@ -159,8 +159,8 @@ def test_warm_up_shows_the_prefill_unless_every_prompt_is_cached(monkeypatch):
     monkeypatch.setattr(runner, "generate", lambda *a: shown.append((a[6], a[7])))
     reqs = [Request(f"r{i}", [1, 2, i + 3], 8) for i in range(3)]
     cache = {}
-    p = SimpleNamespace(reqs=reqs, cfg=SimpleNamespace(batch_size=2), engine=SimpleNamespace(prefix_cache=cache),
-                        decoder="ar", params=None)
+    engine = SimpleNamespace(prefix_cache=cache, has_prefix=lambda ids: tuple(ids) in cache)
+    p = SimpleNamespace(reqs=reqs, cfg=SimpleNamespace(batch_size=2), engine=engine, decoder="ar", params=None)
     runner.warm_up(p, show_progress=True)
     assert shown == [("warm-up (prefill)", True), ("prefill", True)]
     cache.update({tuple(r.prompt_ids[:-1]): None for r in reqs})
