@@ -89,13 +89,21 @@ class AspirePolicy(Policy):
         return {"cost_model": self.cost.to_dict()}
 
     # --- when to verify --------------------------------------------------------------------------
+    def draft_kv(self, prefix: int) -> int:
+        """KV positions a draft row over `prefix` positions reads per layer, averaged over layers as
+        the engine counts them (what the cost model was fitted on): its page set (the most recent
+        page partly filled) and its own token, and the whole prefix at the refresh layer."""
+        n_pages = -(-prefix // self.page_size)
+        budget = page_budget(n_pages, self.settings.ratio, self.settings.min_pages)
+        sparse = prefix if budget >= n_pages else budget * self.page_size - (n_pages * self.page_size - prefix)
+        L = self.num_layers
+        return round(((L - 1) * (sparse + 1) + prefix + 1) / L) if self.settings.refresh else sparse + 1
+
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
-        """c of the cost model for verifying now, from the draft's predicted KV read (its page budget)."""
+        """c of the cost model for verifying now, from the next draft's KV read (draft_kv)."""
         d = len(seq.pending)
         context = (seq.context_len if context_len is None else context_len) + d
-        n_pages = -(-context // self.page_size)
-        draft_kv = min(context, page_budget(n_pages, self.settings.ratio, self.settings.min_pages) * self.page_size)
-        return self.cost.cost_ratio(batch, draft_kv, context, d)
+        return self.cost.cost_ratio(batch, self.draft_kv(context - 1), context, d)
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""

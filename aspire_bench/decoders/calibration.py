@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from .base import PAPER_SAMPLING
 from .common import logits_to_probs, sample_from
 from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
-from .selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, select_pages
+from .selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, random_pages, select_pages
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
 # positions read, so the fit carries to longer contexts.
@@ -115,14 +115,16 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     for length, n_verify, d, ratio in grid:
         n_pages = -(-length // engine.page_size)
         budget = page_budget(n_pages, ratio, 1)
-        pages = PageView(torch.arange(n_pages - budget, n_pages)) if budget < n_pages else None
         rows = []
         for j, slot in enumerate(slots):
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
             else:
-                rows.append(Row(slot, [rng.randrange(100)], length, view=pages, full_layers=frozenset({r}),
+                # scattered over the slot, as a real draft's pages are (contiguous ones cost less per key)
+                view = PageView(random_pages(n_pages, budget, RECENT_PAGES, gen)) if budget < n_pages else None
+                rows.append(Row(slot, [rng.randrange(100)], length, view=view,
+                                full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
         steps.append((length, rows))
     # Rounds over the whole grid in a fresh random order each, the first a warm-up: a drift in the

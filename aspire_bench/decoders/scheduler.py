@@ -30,8 +30,8 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 def best_gamma(alpha: float, c: float, d_max: int) -> int:
     """argmax over gamma in 0..d_max of Omega(alpha, gamma) / (1 + c * gamma) (first on ties)."""
-    vals = [expected_tokens(alpha, g) / (1.0 + c * g) for g in range(d_max + 1)]
-    return int(np.argmax(vals))
+    # Plain Python: called for every row of every step, where numpy's per-call cost dominates.
+    return max(range(d_max + 1), key=lambda g: expected_tokens(alpha, g) / (1.0 + c * g))
 
 
 def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,
@@ -84,6 +84,11 @@ class CostModel:
         rows = list(rows)
         return self.step_time(sum(n for n, _ in rows), sum(kv for _, kv in rows), qk_term(rows, self.qk_free))
 
+    def _uniform_time(self, batch: int, n: int, kv: float) -> float:
+        """rows_time of `batch` rows of n tokens reading kv positions each, in closed form (per row
+        and step in the scheduler)."""
+        return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv)
+
     def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int) -> float:
         """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch`.
 
@@ -92,8 +97,8 @@ class CostModel:
         drafts is gamma * (T_draft + g) + T_verify(d_i) - d_i * g, which keeps the paper's form with
         c_i = (T_draft + g) / (T_verify(d_i) - d_i * g).
         """
-        t_draft = self.rows_time([(1, draft_kv)] * batch)
-        t_verify = self.rows_time([(drafts + 1, context)] * batch)
+        t_draft = self._uniform_time(batch, 1, draft_kv)
+        t_verify = self._uniform_time(batch, drafts + 1, context)
         # the next draft adds query x KV work once the verify row has more than qk_free tokens
         growth = self.beta_qk * batch * context if drafts + 2 > self.qk_free else 0.0
         base = t_verify - drafts * growth

@@ -25,7 +25,14 @@ import time
 
 import torch
 
-from ..decoders.selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, streaming_positions
+from ..decoders.selection import (
+    MIN_PAGES,
+    PAGE_RATIO,
+    RECENT_PAGES,
+    page_budget,
+    random_pages,
+    streaming_positions,
+)
 from ..engine import Capture, Engine, PageView, Row, TokenView
 
 KINDS = ("weights", "ar", "aspire", "window", "verify")
@@ -50,10 +57,7 @@ class Cell:
         n_pages = -(-context // ps)
         budget, recent = page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES
         g = torch.Generator().manual_seed(seed)
-        self.pages = []
-        for _ in self.slots:  # the most recent pages + random others, as select_pages returns them
-            older = torch.randperm(n_pages - recent, generator=g)[:budget - recent]
-            self.pages.append(torch.cat((older.sort().values, torch.arange(n_pages - recent, n_pages))))
+        self.pages = [random_pages(n_pages, budget, recent, g) for _ in self.slots]
         self.window = streaming_positions(context, 16, 256)
         n_vegas = min(context, max(256, int(0.05 * context)))
         self.vegas = torch.randperm(context, generator=g)[:n_vegas].sort().values

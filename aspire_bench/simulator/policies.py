@@ -15,7 +15,7 @@ from dataclasses import fields
 from ..decoders import _REGISTRY, get_decoder
 from ..decoders.base import DECODE, DRAFT, VERIFY, Request
 from ..decoders.scheduler import CostModel
-from ..decoders.selection import page_budget, token_budget
+from ..decoders.selection import token_budget
 from ..decoders.sequence import Sequence
 from ..decoders.sync import lockstep
 from ..errors import UserError
@@ -84,15 +84,7 @@ class SimPolicy:
             if self.config.policy == "adaptive":
                 seq.state.c = pol.cost_ratio(seq, batch)  # as AspirePolicy.plan records it
             return self._verify(seq)
-        prefix = seq.context_len - 1 + len(seq.pending)
-        n_pages = -(-prefix // self.page_size)
-        budget = page_budget(n_pages, self.config.ratio, self.config.min_pages)
-        # The page set always holds the most recent pages, the last of them partly filled: the engine
-        # counts the positions of the prefix it holds.
-        sparse = prefix if budget >= n_pages else budget * self.page_size - (n_pages * self.page_size - prefix)
-        L = self.num_layers
-        kv = round(((L - 1) * (sparse + 1) + prefix + 1) / L) if self.config.refresh else sparse + 1
-        return DRAFT, 1, kv
+        return DRAFT, 1, pol.draft_kv(seq.context_len - 1 + len(seq.pending))
 
     def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.policy.observe(seq, drafted, accepted)

@@ -18,6 +18,7 @@ from aspire_bench.decoders.scheduler import (
 )
 from aspire_bench.decoders.selection import (
     page_budget,
+    random_pages,
     select_pages,
     streaming_positions,
     token_budget,
@@ -223,6 +224,10 @@ def test_page_selection_and_budgets():
     assert got.shape == (5, 40)
     for layer in range(5):
         assert got[layer].tolist() == sorted(torch.topk(scores[layer, :257], 40).indices.tolist())
+    for budget in (5, 40, 200):  # timing's stand-in for select_pages: recent pages + random others
+        pages = random_pages(40, budget, 3, torch.Generator().manual_seed(budget))
+        assert len(pages) == min(budget, 40) and pages.tolist() == sorted(set(pages.tolist()))
+        assert pages[-3:].tolist() == [37, 38, 39] and 0 <= int(pages.min())
     pos = streaming_positions(100, 4, 20)
     assert pos.tolist() == [0, 1, 2, 3] + list(range(84, 100))
     assert streaming_positions(20, 4, 20) is None

@@ -23,7 +23,7 @@ from aspire_bench.decoders.scheduler import (
     update_alpha,
 )
 from aspire_bench.decoders.sequence import Sequence
-from aspire_bench.engine import Engine, load_model
+from aspire_bench.engine import Engine, Row, load_model
 
 SPARSE = dict(min_pages=2, recent_pages=1)
 
@@ -240,3 +240,28 @@ def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
     assert fit_problem(fit) is None
     exact = fit_cost_model([(n, kv, 0.0, 1e-3 + 2e-5 * n + 2e-7 * kv) for n, kv, _, _ in samples], qk=False)
     assert exact.beta0 == pytest.approx(1e-3) and exact.beta_attn == pytest.approx(2e-7)  # unconstrained when >= 0
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
+    """draft_kv is the KV read the engine reports for the draft row ASPIRE plans (refresh layer and
+    the partly filled last page included), and c grows with it."""
+    settings = AspireSettings(refresh=refresh, **SPARSE)
+    policy = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers)
+    req = requests(n=1)[0]
+    engine.reserve(512)
+    slot = engine.alloc(400)
+    try:
+        engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
+        seq = Sequence(0, req, slot, None, out=[req.prompt_ids[-1]], state=policy.new_state())
+        seq.req = Request("x", req.prompt_ids[:-1], 24)
+        seq.state.scores = torch.rand(-(-len(req.prompt_ids) // engine.page_size))
+        (plan,) = policy.plan([seq], 1)
+        assert plan.kind == "draft" and plan.view is not None  # 2 of 13 pages
+        out = engine.forward([Row(slot, [seq.out[-1]], seq.context_len - 1, view=plan.view,
+                                  full_layers=plan.full_layers)])
+        assert out.kv_read[0] == policy.draft_kv(seq.context_len - 1)
+    finally:
+        engine.free(slot)
+    cheap = AspirePolicy(AspireSettings(refresh=False, **SPARSE), engine.page_size, engine.cfg.num_layers)
+    assert (policy.cost_ratio(seq, 8) > cheap.cost_ratio(seq, 8)) is refresh
