@@ -4,11 +4,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels.cpu_sampling import top_k_probs
 from .base import SamplingParams
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k and top-p applied to the last dim; fp32 probabilities."""
+    if params.top_k and params.top_k < logits.shape[-1]:
+        # fp32 on a CPU: one compiled call for all rows (the ops below cost ~0.3 ms per step there)
+        fast = top_k_probs(logits, params.temperature, params.top_k, params.top_p)
+        if fast is not None:
+            return fast
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         # The k best logits come sorted, so top-p needs no sort of the whole vocabulary.

@@ -172,8 +172,19 @@ def _batch_probs(plans: list[Plan], logits: list[torch.Tensor], params: Sampling
     if params.greedy or not plans:
         return {}
     parts = [lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, logits)]
-    probs = logits_to_probs(torch.cat(parts), params).split([len(x) for x in parts])
+    probs = logits_to_probs(_stacked(parts), params).split([len(x) for x in parts])
     return {i: pr if p.kind == VERIFY else pr[0] for i, (p, pr) in enumerate(zip(plans, probs))}
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts) of 2-D rows, without the copy when they already are consecutive rows of one
+    tensor (the engine's logits are split from one, and a step usually takes all of them)."""
+    first, nbytes = parts[0], 0
+    for x in parts:
+        if not x.is_contiguous() or x.data_ptr() != first.data_ptr() + nbytes:
+            return torch.cat(parts)
+        nbytes += x.numel() * x.element_size()
+    return first.as_strided((sum(len(x) for x in parts), first.shape[-1]), (first.shape[-1], 1))
 
 
 def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: SamplingParams, clock) -> StepTrace:

@@ -1,0 +1,60 @@
+"""Compiled top-k sampling distributions for the CPU (csrc/cpu_sampling.cpp), built and loaded like the
+other kernels (cpu_build). decoders/common.py uses it for fp32 logits on a CPU when top-k is on and
+falls back to its torch ops where it cannot be built (no compiler), with the same distribution.
+"""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+from . import cpu_build
+from .cpu_build import KernelBuildError
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_sampling.cpp"
+_lib: ctypes.CDLL | None = None
+_failed = False
+_lock = threading.Lock()
+
+
+def load_library() -> ctypes.CDLL | None:
+    """The library, built once per machine and source version; None where it cannot be built."""
+    global _lib, _failed
+    with _lock:
+        if _lib is None and not _failed:
+            kernels = one_run = None
+            try:
+                cxx = cpu_build.compiler()
+                kernels, one_run = cpu_build.private_cache()
+                lib = ctypes.CDLL(str(cpu_build.build(cxx, kernels, False, src=SOURCE, what="the CPU sampling kernel")))
+                p, i64, f32, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_int
+                lib.aspire_top_k_probs.argtypes = [p, i64, i64, f32, i64, f64, p, i32]
+                lib.aspire_top_k_probs.restype = ctypes.c_int
+                _lib = lib
+            except (KernelBuildError, OSError, AttributeError):
+                _failed = True  # the torch ops do the same; the attention kernel reports a missing compiler
+            finally:
+                if one_run:  # the loaded library stays mapped after its file is gone
+                    shutil.rmtree(kernels, ignore_errors=True)
+    return _lib
+
+
+def top_k_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor | None:
+    """Temperature, top-k and top-p over the last dim of fp32 CPU logits, as logits_to_probs defines them;
+    None when the kernel does not apply (another device or dtype) or is not available."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or top_k < 1 or logits.numel() == 0:
+        return None
+    lib = load_library()
+    if lib is None:
+        return None
+    x = logits.contiguous()
+    out = torch.empty_like(x)
+    vocab = x.shape[-1]
+    rc = lib.aspire_top_k_probs(x.data_ptr(), x.numel() // vocab, vocab, temperature, top_k, top_p, out.data_ptr(),
+                                torch.get_num_threads())
+    if rc:
+        raise ValueError(f"the CPU sampling kernel rejected temperature {temperature}, top-k {top_k}")
+    return out
