@@ -49,30 +49,50 @@ inline float hreduce(vf x, Op op) {
 inline float hmax(vf x) { return hreduce(x, [](vf a, vf b) { return a > b ? a : b; }); }
 inline float hsum(vf x) { return hreduce(x, [](vf a, vf b) { return a + b; }); }
 
-// 16x16 transpose in registers: four butterfly stages of two-source shuffles (h = 8, 4, 2, 1 lanes).
+// 16x16 transpose in registers and its summing variant, in four stages of two-source shuffles
+// that stay within 128-bit lanes or move whole ones (unpack of floats, of float pairs, then 128-bit
+// lane selects), the cheap shuffles on AVX-512 (~1/cycle) where a shuffle across lanes element by
+// element is not.
 #define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-template <int H>
-inline void butterfly(vf* r) {
-  for (int i = 0; i < VL; ++i) {
-    if (i & H) continue;
-    const vf a = r[i], b = r[i + H];
-    if constexpr (H == 8) {
-      r[i] = SHUF(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-      r[i + H] = SHUF(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    } else if constexpr (H == 4) {
-      r[i] = SHUF(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-      r[i + H] = SHUF(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    } else if constexpr (H == 2) {
-      r[i] = SHUF(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[i + H] = SHUF(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    } else {
-      r[i] = SHUF(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-      r[i + H] = SHUF(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+inline vf unpack_lo(vf a, vf b) { return SHUF(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29); }
+inline vf unpack_hi(vf a, vf b) { return SHUF(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31); }
+inline vf pairs_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); }
+inline vf pairs_hi(vf a, vf b) { return SHUF(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); }
+inline vf lanes02(vf a, vf b) { return SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27); }
+inline vf lanes13(vf a, vf b) { return SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31); }
+#undef SHUF
+
+inline void transpose16(vf* r) {
+  vf t[VL];
+  for (int i = 0; i < VL; i += 2) {
+    t[i] = unpack_lo(r[i], r[i + 1]);
+    t[i + 1] = unpack_hi(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < VL; g += 4) {
+    r[g] = pairs_lo(t[g], t[g + 2]);
+    r[g + 1] = pairs_hi(t[g], t[g + 2]);
+    r[g + 2] = pairs_lo(t[g + 1], t[g + 3]);
+    r[g + 3] = pairs_hi(t[g + 1], t[g + 3]);
+  }
+  for (int g = 0; g < VL; g += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[g + i] = lanes02(r[g + i], r[g + i + 4]);
+      t[g + i + 4] = lanes13(r[g + i], r[g + i + 4]);
     }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = lanes02(t[i], t[i + 8]);
+    r[i + 8] = lanes13(t[i], t[i + 8]);
   }
 }
-#undef SHUF
-inline void transpose16(vf* r) { butterfly<8>(r); butterfly<4>(r); butterfly<2>(r); butterfly<1>(r); }
+
+// Lane t of the result: the sum of r[t]'s lanes (r is overwritten). The transpose's stages with each
+// pair's two halves added instead of kept: 30 shuffles where a transpose takes 64.
+inline vf hsum16(vf* r) {
+  for (int i = 0; i < 8; ++i) r[i] = unpack_lo(r[2 * i], r[2 * i + 1]) + unpack_hi(r[2 * i], r[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) r[i] = pairs_lo(r[2 * i], r[2 * i + 1]) + pairs_hi(r[2 * i], r[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) r[i] = lanes02(r[2 * i], r[2 * i + 1]) + lanes13(r[2 * i], r[2 * i + 1]);
+  return lanes02(r[0], r[1]) + lanes13(r[0], r[1]);
+}
 
 // 2^x for x <= 0; x < -126 (including -inf, a masked key) gives exactly 0. Relative error ~2e-7.
 inline vf exp2_neg(vf x) {
@@ -107,9 +127,10 @@ struct Item {
 };
 
 // Per-item running state: scaled queries, online-softmax max m and sum l, accumulators, the block's
-// probabilities and its K block transposed to [D][BK].
+// probabilities, its K and V rows and (transposed scores) its K block transposed to [D][BK].
 struct State {
   float *qs, *acc, *p, *m, *l, *kt;
+  const float* krow[BK];
   const float* vrow[BK];
   int64_t j0, jb;
   const float* pf[2 * BK];  // K and V rows of the block prefetched during this one's arithmetic
@@ -119,16 +140,42 @@ struct State {
 // Queries q0..q0+QB-1 over the current block: scores, masked online softmax, P·V. It prefetches its
 // share (every groups-th row) of the next block, K rows during the scores and V rows during P·V, so
 // the next loads are in flight during the arithmetic instead of after it.
-template <int ND, int QB>
+//
+// Scores two ways. Transposed (DOT false): the K block transposed once, then each dimension's keys
+// times a broadcast query element, 16 keys per vector: the transposition is shared by all queries.
+// Dot (DOT true): per query and key the product of the K row with the query summed across its lanes,
+// 16 keys folded at once (hsum16): no transposition, 30 shuffles per 16 keys and query. Cheaper when
+// a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot.
+template <int ND, int QB, bool DOT>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   const int64_t nd = ND > 0 ? ND : it.D / VL;
   const int64_t D = nd * VL;
   vf iota;
   for (int j = 0; j < VL; ++j) iota[j] = static_cast<float>(j);
   vf s[QB][NB] = {};
-  // K rows, needed first (by the next block's transposition), during the scores
+  // K rows, needed first (by the next block's scores), during the scores
   const int64_t kper = (st.npf + st.groups * D - 1) / (st.groups * D);
-  for (int64_t e = 0; e < D; ++e) {
+  if constexpr (DOT) {
+    for (int u = 0; u < QB; ++u) {
+      vf qv[ND > 0 ? ND : 16];
+      for (int64_t c = 0; c < nd; ++c) qv[c] = load(st.qs + (q0 + u) * D + c * VL);
+      for (int b = 0; b < NB; ++b) {
+        if (b * VL >= st.jb && u > 0) break;  // past the block's end: masked below
+        vf r[VL];
+        for (int t = 0; t < VL; ++t) {
+          const int64_t jj = b * VL + t, r_pf = jj * st.groups + gidx;
+          if (u == 0 && r_pf < st.npf)  // spread over the scores like the transposed path's
+            for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r_pf] + c);
+          vf acc = {};
+          if (jj < st.jb)
+            for (int64_t c = 0; c < nd; ++c) acc += qv[c] * load(st.krow[jj] + c * VL);
+          r[t] = acc;
+        }
+        s[u][b] = hsum16(r);
+      }
+    }
+  }
+  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {
     for (int64_t t = 0; t < kper; ++t) {
       const int64_t r = (e * kper + t) * st.groups + gidx;
       if (r < st.npf)
@@ -195,13 +242,30 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
 
 // Queries in groups of QMAX (4 where the accumulators fit in registers), the rest in one group of
 // exactly the remaining count: no query is padded.
+template <int ND, int QMAX, bool DOT>
+inline void run_groups(const Item& it, State& st, int64_t nq) {
+  int64_t q0 = 0, gidx = 0;
+  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, QMAX, DOT>(it, st, q0, gidx);
+  if constexpr (QMAX == 4) {
+    if (nq - q0 == 3) group_block<ND, 3, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 2) group_block<ND, 2, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<ND, 1, DOT>(it, st, q0, gidx);
+  } else if constexpr (QMAX == 2) {
+    if (nq - q0 == 1) group_block<ND, 1, DOT>(it, st, q0, gidx);
+  }
+}
+
+// Scores by dot products (no transposition) when the folds they take, 30 shuffles per 16 keys and
+// query, are fewer than the transposition's 64 per 16 keys and 16 dimensions.
+inline bool use_dot(int64_t nq, int64_t D) { return 30 * nq < 64 * (D / VL); }
+
 template <int ND>
 void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
   constexpr int QMAX = ND == 0 ? 1 : ND <= 4 ? 4 : 2;
   const int64_t D = it.D, nq = it.nq, n = it.n;
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(D * BK);
-  State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, 0, 0, {}, 0, 0};
+  State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
   st.groups = (nq + QMAX - 1) / QMAX;
   for (int64_t gi = 0; gi < it.g; ++gi)
     for (int64_t i = 0; i < n; ++i) {
@@ -210,13 +274,13 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * scale * LOG2E;  // scores in log2 units
     }
   const int64_t nd = D / VL;
+  const bool dot = use_dot(nq, D);
   for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
     st.j0 = j0;
     st.jb = j_end - j0 < BK ? j_end - j0 : BK;
-    const float* krow[BK];
     for (int64_t jj = 0; jj < st.jb; ++jj) {
       const int64_t pos = it.pos(j0 + jj);
-      krow[jj] = it.kh + pos * D;
+      st.krow[jj] = it.kh + pos * D;
       st.vrow[jj] = it.vh + pos * D;
     }
     if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
@@ -234,25 +298,21 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       st.pf[2 * r + 1] = it.vh + pos * D;
     }
     // K block transposed to [D][BK] (16x16 tiles through registers), so scores vectorise over keys
-    for (int kb = 0; kb < NB; ++kb)
-      for (int64_t c = 0; c < nd; ++c) {
-        vf r[VL];
-        for (int t = 0; t < VL; ++t) {
-          const int64_t jj = kb * VL + t;
-          r[t] = jj < st.jb ? load(krow[jj] + c * VL) : vf{};  // past the end: zeros, masked
+    if (!dot)
+      for (int kb = 0; kb < NB; ++kb)
+        for (int64_t c = 0; c < nd; ++c) {
+          vf r[VL];
+          for (int t = 0; t < VL; ++t) {
+            const int64_t jj = kb * VL + t;
+            r[t] = jj < st.jb ? load(st.krow[jj] + c * VL) : vf{};  // past the end: zeros, masked
+          }
+          transpose16(r);
+          for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
-        transpose16(r);
-        for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
-      }
-    int64_t q0 = 0, gidx = 0;
-    for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, QMAX>(it, st, q0, gidx);
-    if constexpr (QMAX == 4) {
-      if (nq - q0 == 3) group_block<ND, 3>(it, st, q0, gidx);
-      if (nq - q0 == 2) group_block<ND, 2>(it, st, q0, gidx);
-      if (nq - q0 == 1) group_block<ND, 1>(it, st, q0, gidx);
-    } else if constexpr (QMAX == 2) {
-      if (nq - q0 == 1) group_block<ND, 1>(it, st, q0, gidx);
-    }
+    if (dot)
+      run_groups<ND, QMAX, true>(it, st, nq);
+    else
+      run_groups<ND, QMAX, false>(it, st, nq);
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
     if (part) {  // a chunk of a split row: unnormalised, merged by merge_parts
