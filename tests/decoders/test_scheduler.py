@@ -265,3 +265,23 @@ def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
         engine.free(slot)
     cheap = AspirePolicy(AspireSettings(refresh=False, **SPARSE), engine.page_size, engine.cfg.num_layers)
     assert (policy.cost_ratio(seq, 8) > cheap.cost_ratio(seq, 8)) is refresh
+
+
+def test_papercost_uses_the_paper_fit_of_a_good_calibration_however_it_misfits(engine, tmp_path, seed):
+    """A calibration explained well by the four-term model: aspire uses that, aspire-papercost the
+    paper's three terms refitted from the same samples, although they explain the steps poorly (the
+    point of the variant); neither falls back to the default."""
+    samples = [list(s[:4]) + [list(map(list, s[4]))] for s in _hinge_samples(0, seed)]
+    for s in samples:  # a strong query x KV term: the three terms miss it
+        s[3] += 4e-8 * qk_term(s[4])
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"samples": samples}))
+    assert fit_problem(fit_cost_model([tuple(s) for s in samples], qk=False)) is not None  # R^2 < 0.9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = get_decoder("aspire", calibration=str(path), **SPARSE).generate(
+            engine, requests(n=1), SamplingParams(), 1).info["cost_model"]
+        paper = get_decoder("aspire-papercost", calibration=str(path), **SPARSE).generate(
+            engine, requests(n=1), SamplingParams(), 1).info["cost_model"]
+    assert full["source"] == paper["source"] == "calibration:cal.json"
+    assert full["beta_qk"] > 0 and paper["beta_qk"] == 0.0 and paper["r2"] < MIN_R2 <= full["r2"]
