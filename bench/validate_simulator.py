@@ -2,12 +2,16 @@
 
     python bench/validate_simulator.py --store bench/results/cpu_tiny_method_2026-11-30.db
     python bench/validate_simulator.py --store S --calibration C.json --json out.json
+    python bench/validate_simulator.py --store S --steps
 
 Per run (decoder, context, batch, sampling): measured and simulated decode tok/s and their error,
 and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
 passes when the tok/s error is within ±10% and, for ASPIRE rows, the ratio error within ±5%
 (docs/simulator.md).
 The step costs are the calibration the group's ASPIRE run used unless --calibration is given.
+`--steps` adds where the cost model misses: per run and kind of step (the kinds of its rows: decode,
+draft, verify, draft+verify, prefill), the stored steps' measured mean time beside the cost model's
+time for the same rows (the steps of the run's stored trace, one repeat).
 Nothing is written to the store.
 """
 from __future__ import annotations
@@ -19,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aspire_bench.harness.records import ROW_COLUMNS
 from aspire_bench.harness.store import Store
-from aspire_bench.simulator.rows import stored_rows
+from aspire_bench.simulator.rows import stored_cost, stored_rows
 
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
 
@@ -40,6 +45,39 @@ def validate(store_path: str, decoders, calibration: str | None = None) -> list[
                    and (r["ratio_error"] is None or not r["decoder"].startswith("aspire")
                         or abs(r["ratio_error"]) <= RATIO_TOL))
     return rows
+
+
+def step_kinds(store_path: str, decoders, calibration: str | None = None) -> list[dict]:
+    """Per run and kind of step: steps, measured and modelled mean ms, error of the model."""
+    kind, n, kv = (ROW_COLUMNS.index(c) for c in ("kind", "n_tokens", "kv_read"))
+    out = []
+    with Store(store_path, readonly=True) as store:
+        for s in store.list_runs(kind="measured"):
+            if s["status"] != "ok" or s["decoder"] not in decoders:
+                continue
+            record = store.get_run(s["run_id"])
+            cost = stored_cost(store, record, calibration)
+            by_kind: dict[str, list[float]] = {}
+            for step in record.steps:
+                kinds = {r[kind] for r in step.rows}
+                key = "prefill" if "prefill" in kinds else "+".join(sorted(kinds))
+                acc = by_kind.setdefault(key, [0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += step.t_end - step.t_start
+                acc[2] += cost.step_time([(r[kind], r[n], r[kv]) for r in step.rows])
+            for key, (count, measured, model) in sorted(by_kind.items()):
+                out.append({"run_id": record.run_id, "decoder": s["decoder"], "context": record.config.get("context_len"),
+                            "step_kind": key, "steps": count, "measured_ms": measured / count * 1e3,
+                            "model_ms": model / count * 1e3, "error": model / measured - 1})
+    return out
+
+
+def step_table(rows: list[dict]) -> str:
+    lines = ["| run | decoder | context | step kind | steps | measured ms | model ms | error |",
+             "|---:|---|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['run_id']} | {r['decoder']} | {r['context']} | {r['step_kind']} | {r['steps']} "
+              f"| {r['measured_ms']:.2f} | {r['model_ms']:.2f} | {r['error']:+.1%} |" for r in rows]
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -64,12 +102,16 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", default=None, help="a calibration file (default: each group's own)")
     ap.add_argument("--decoders", default="ar,magicdec,aspire", help="comma-separated (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--steps", action="store_true", help="also the model's error per kind of step")
     a = ap.parse_args(argv)
-    rows = validate(a.store, [d for d in a.decoders.split(",") if d], a.calibration)
+    decoders = [d for d in a.decoders.split(",") if d]
+    rows = validate(a.store, decoders, a.calibration)
     print(table(rows))
     n_ok = sum(r["ok"] for r in rows)
     print(f"\n{n_ok}/{len(rows)} runs within ±{TOK_S_TOL:.0%} decode tok/s (and ASPIRE's ratio over AR "
           f"within ±{RATIO_TOL:.0%})")
+    if a.steps:
+        print("\n" + step_table(step_kinds(a.store, decoders, a.calibration)))
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

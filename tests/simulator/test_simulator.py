@@ -241,6 +241,21 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
     assert validate_simulator.main(["--store", db, "--calibration", str(calib)]) == 0
     printed = capsys.readouterr().out
     assert "/2 runs within" in printed and printed.count("| needle") == 0 and printed.count("| 1k |") == 2
+    # --steps: the model's error per kind of step, every stored step counted once
+    steps = validate_simulator.step_kinds(db, ["ar"], str(calib))
+    with Store(db, readonly=True) as st:
+        stored = st.get_run(1).steps
+    assert {r["step_kind"] for r in steps} == {"decode", "prefill"}
+    assert sum(r["steps"] for r in steps) == len(stored)
+    decode = next(r for r in steps if r["step_kind"] == "decode")
+    assert decode["error"] == pytest.approx(decode["model_ms"] / decode["measured_ms"] - 1)
+    decodes = [x for x in stored if {r[1] for r in x.rows} == {"decode"}]
+    assert decode["steps"] == len(decodes)
+    assert decode["model_ms"] == pytest.approx(
+        1e3 * sum(COST.rows_time((r[2], r[6]) for r in x.rows) for x in decodes) / len(decodes))
+    assert decode["measured_ms"] == pytest.approx(1e3 * sum(x.t_end - x.t_start for x in decodes) / len(decodes))
+    assert validate_simulator.main(["--store", db, "--calibration", str(calib), "--steps"]) == 0
+    assert "| step kind |" in capsys.readouterr().out
 
 
 def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
