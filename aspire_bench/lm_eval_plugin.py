@@ -344,8 +344,13 @@ class AspireLM(TemplateLM):
         unknown = sorted(set(kw) - KNOWN_GEN_KWARGS)
         if unknown:
             self._warn_once(f"aspire model ignores gen_kwargs {unknown}")
-        params = SamplingParams(temperature=temperature, top_k=_as_int(kw.get("top_k") or 0, "top_k"),
-                                top_p=float(kw.get("top_p") if kw.get("top_p") is not None else 1.0),
+        top_k = _as_int(kw.get("top_k") or 0, "top_k")
+        top_p = float(kw.get("top_p") if kw.get("top_p") is not None else 1.0)
+        # the ranges the CLI accepts: outside them a distribution is undefined (top_p <= 0 keeps nothing)
+        if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
+            raise ConfigError(f"gen_kwargs temperature={temperature}, top_k={top_k}, top_p={top_p}: need "
+                              "temperature >= 0, top_k >= 0 (0 = off) and 0 < top_p <= 1 (1 = off)")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=self.seed, eos_token_ids=self.eos_token_ids)
         return stops, max_new, params
 

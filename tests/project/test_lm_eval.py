@@ -175,6 +175,10 @@ def test_chat_template_and_gen_kwargs(random_tiny, monkeypatch):
     assert stops[0] == "###" and max_new == 7 and params.temperature == 1.0 and params.top_p == 0.9
     _, max_new, params = lm.sampling_settings({"max_new_tokens": 3, "do_sample": False, "temperature": 0.7})
     assert max_new == 3 and params.greedy
+    from aspire_bench.errors import ConfigError
+    for bad in ({"top_p": 0.0}, {"top_p": -0.5}, {"top_p": 1.5}, {"top_k": -1}, {"temperature": -1.0}):
+        with pytest.raises(ConfigError, match=r"need temperature >= 0, top_k >= 0 \(0 = off\) and 0 < top_p <= 1"):
+            lm.sampling_settings({"do_sample": True, **bad})
 
 
 def test_cli_wrapper_end_to_end(random_tiny, tmp_path):
