@@ -275,6 +275,7 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
                   percentiles, save_result, fmt):
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
     from .decoders import get_decoder
+    from .decoders.base import sampling_in_range
     from .harness.bench import bench, bench_table, parse_sampling
     from .harness.records import vllm_result
     from .harness.store import check_store_path
@@ -284,8 +285,8 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         samplings = [parse_sampling(x) for x in split(sampling)]
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sampling") from None
-    for s in samplings:  # the ranges a single run has (temperature >= 0, 0 < top_p <= 1, ...)
-        if not (s.temperature >= 0 and s.top_k >= 0 and 0 < s.top_p <= 1):
+    for s in samplings:  # the ranges a single run has
+        if not sampling_in_range(s.temperature, s.top_k, s.top_p):
             raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                                      param_hint="--sampling")
     for d in decoders:

@@ -21,6 +21,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from .decoders import Request, SamplingParams, get_decoder, parse_value
+from .decoders.base import sampling_in_range
 from .engine import Row
 from .errors import ConfigError
 
@@ -346,8 +347,7 @@ class AspireLM(TemplateLM):
             self._warn_once(f"aspire model ignores gen_kwargs {unknown}")
         top_k = _as_int(kw.get("top_k") or 0, "top_k")
         top_p = float(kw.get("top_p") if kw.get("top_p") is not None else 1.0)
-        # the ranges the CLI accepts: outside them a distribution is undefined (top_p <= 0 keeps nothing)
-        if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
+        if not sampling_in_range(temperature, top_k, top_p):  # the ranges the CLI accepts
             raise ConfigError(f"gen_kwargs temperature={temperature}, top_k={top_k}, top_p={top_p}: need "
                               "temperature >= 0, top_k >= 0 (0 = off) and 0 < top_p <= 1 (1 = off)")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,

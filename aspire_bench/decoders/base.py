@@ -43,6 +43,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+def sampling_in_range(temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether these settings define a distribution: temperature >= 0, top_k >= 0 (0 = off) and
+    0 < top_p <= 1 (1 = off; top_p <= 0 keeps nothing)."""
+    return temperature >= 0 and top_k >= 0 and 0 < top_p <= 1
+
+
 # The ASPIRE paper's sampling setting (temperature 0.7, top-k 50, top-p 0.9).
 PAPER_SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
 

@@ -15,13 +15,12 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         fast = top_k_probs(logits, params.temperature, params.top_k, params.top_p)
         if fast is not None:
             return fast
-    logits = logits.float() / params.temperature
-    if params.top_k and params.top_k < logits.shape[-1]:
         # The k best logits come sorted, so top-p needs no sort of the whole vocabulary.
-        vals, idx = torch.topk(logits, params.top_k, dim=-1)
+        scaled = logits.float() / params.temperature
+        vals, idx = torch.topk(scaled, params.top_k, dim=-1)
         kept = _top_p(torch.softmax(vals, dim=-1), params.top_p)
-        return torch.zeros_like(logits).scatter_(-1, idx, kept)
-    probs = torch.softmax(logits, dim=-1)
+        return torch.zeros_like(scaled).scatter_(-1, idx, kept)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         probs = _nucleus(probs, params.top_p)
     return probs

@@ -19,7 +19,6 @@ everything in other dtypes or head dims.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 
 from . import cpu_build
 from .base import PAGE_MAX_SUM, SDPA_MIN_QUERIES, TOKEN_MEAN, AttentionMeta
-from .cpu_build import KernelBuildError
+from .cpu_build import KernelBuildError  # noqa: F401  (raised by load_library; importers take it from here)
 from .torch_ref import TorchAttention
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
@@ -37,10 +36,12 @@ _lib = None
 _lock = threading.Lock()
 
 
+_WHAT, _HINT = "the CPU attention kernel", "use --attention-backend torch"
+
+
 def build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
     """The path of a trusted, verified build of this kernel (cpu_build.build)."""
-    return cpu_build.build(cxx, kernels, force, src=SOURCE, what="the CPU attention kernel",
-                           hint="use --attention-backend torch")
+    return cpu_build.build(cxx, kernels, force, src=SOURCE, what=_WHAT, hint=_HINT)
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -58,19 +59,7 @@ def load_library() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            cxx = cpu_build.compiler()
-            kernels, one_run = cpu_build.private_cache()
-            try:
-                _lib = _open(build(cxx, kernels))
-            except (OSError, AttributeError):
-                try:
-                    _lib = _open(build(cxx, kernels, force=True))
-                except (OSError, AttributeError) as e:
-                    raise KernelBuildError(f"the CPU attention kernel could not be built and loaded ({e}): "
-                                           "use --attention-backend torch") from e
-            finally:
-                if one_run:  # the loaded library stays mapped after its file is gone
-                    shutil.rmtree(kernels, ignore_errors=True)
+            _lib = cpu_build.load(cpu_build.compiler(), _open, src=SOURCE, what=_WHAT, hint=_HINT)
     return _lib
 
 

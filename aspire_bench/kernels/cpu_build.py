@@ -142,3 +142,20 @@ def build(cxx: str, kernels: Path | None, force: bool, *, src: Path, what: str, 
             errors.append(res.stderr.strip()[-2000:])
     raise KernelBuildError(f"could not compile {what} with {cxx} (GCC >= 12 or Clang needed):\n{errors[-1]}"
                            + (f"\n{hint}" if hint else ""))
+
+
+def load(cxx: str, open_lib, *, src: Path, what: str, hint: str, extra_flags: tuple[str, ...] = ()):
+    """open_lib(path) of the built library for `src` (see build). A library that fails to load (corrupt, or
+    missing a symbol) is rebuilt once; if that fails too, a KernelBuildError naming `what` and `hint`."""
+    kernels, one_run = private_cache()
+    try:
+        try:
+            return open_lib(build(cxx, kernels, False, src=src, what=what, hint=hint, extra_flags=extra_flags))
+        except (OSError, AttributeError):
+            try:
+                return open_lib(build(cxx, kernels, True, src=src, what=what, hint=hint, extra_flags=extra_flags))
+            except (OSError, AttributeError) as e:
+                raise KernelBuildError(f"{what} could not be built and loaded ({e}): {hint}") from e
+    finally:
+        if one_run:  # the loaded library stays mapped after its file is gone
+            shutil.rmtree(kernels, ignore_errors=True)

@@ -9,7 +9,6 @@ layout; engine/dense.py drives it.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import threading
 from pathlib import Path
 
@@ -38,22 +37,18 @@ def load_library() -> ctypes.CDLL:
             except KernelBuildError:
                 raise KernelBuildError("the compiled dense path needs a C++ compiler and none was found: "
                                        "install g++ (or set $CXX), or use dense backend fused") from None
-            kernels, one_run = cpu_build.private_cache()
-            try:
-                lib = ctypes.CDLL(str(cpu_build.build(cxx, kernels, False, src=SOURCE, what="the CPU dense kernel",
-                                                     extra_flags=_EXTRA_FLAGS)))
-                p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-                lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
-                lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
-                lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = ctypes.c_int
-                _lib = lib
-            except (OSError, AttributeError) as e:
-                raise KernelBuildError(f"the compiled dense path could not be built and loaded ({e}): "
-                                       "use dense backend fused") from e
-            finally:
-                if one_run:  # the loaded library stays mapped after its file is gone
-                    shutil.rmtree(kernels, ignore_errors=True)
+            _lib = cpu_build.load(cxx, _open, src=SOURCE, what="the compiled dense path",
+                                  hint="use dense backend fused", extra_flags=_EXTRA_FLAGS)
     return _lib
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
+    lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
+    lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = ctypes.c_int
+    return lib
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,6 @@ falls back to its torch ops where it cannot be built (no compiler), with the sam
 from __future__ import annotations
 
 import ctypes
-import shutil
 import threading
 from pathlib import Path
 
@@ -25,21 +24,20 @@ def load_library() -> ctypes.CDLL | None:
     global _lib, _failed
     with _lock:
         if _lib is None and not _failed:
-            kernels = one_run = None
             try:
-                cxx = cpu_build.compiler()
-                kernels, one_run = cpu_build.private_cache()
-                lib = ctypes.CDLL(str(cpu_build.build(cxx, kernels, False, src=SOURCE, what="the CPU sampling kernel")))
-                p, i64, f32, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_int
-                lib.aspire_top_k_probs.argtypes = [p, i64, i64, f32, i64, f64, p, i32]
-                lib.aspire_top_k_probs.restype = ctypes.c_int
-                _lib = lib
-            except (KernelBuildError, OSError, AttributeError):
+                _lib = cpu_build.load(cpu_build.compiler(), _open, src=SOURCE, what="the CPU sampling kernel",
+                                      hint="sampling uses the torch ops")
+            except KernelBuildError:
                 _failed = True  # the torch ops do the same; the attention kernel reports a missing compiler
-            finally:
-                if one_run:  # the loaded library stays mapped after its file is gone
-                    shutil.rmtree(kernels, ignore_errors=True)
     return _lib
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_int
+    lib.aspire_top_k_probs.argtypes = [p, i64, i64, f32, i64, f64, p, i32]
+    lib.aspire_top_k_probs.restype = ctypes.c_int
+    return lib
 
 
 def top_k_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor | None:

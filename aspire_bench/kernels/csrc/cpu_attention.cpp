@@ -284,13 +284,12 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       const int64_t pos = it.pos(j0 + jj);
       st.krow[jj] = it.kh + pos * D;
       st.vrow[jj] = it.vh + pos * D;
-    }
-    if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
-      for (int64_t j = j0; j < st.jb + j0; ++j)
+      if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
         for (int64_t c = 0; c < D; c += 16) {
-          __builtin_prefetch(it.kh + it.pos(j) * D + c);
-          __builtin_prefetch(it.vh + it.pos(j) * D + c);
+          __builtin_prefetch(st.krow[jj] + c);
+          __builtin_prefetch(st.vrow[jj] + c);
         }
+    }
     // the next block (prefetched further ahead, lines fall out of L1 before they are used)
     const int64_t pf_begin = j0 + BK, pf_end = pf_begin + BK < j_end ? pf_begin + BK : j_end;
     st.npf = pf_end > pf_begin ? pf_end - pf_begin : 0;
