@@ -50,7 +50,7 @@ class AspireSettings:
     calibration: str = "auto"  # cost model: auto | none | online | a calibration file
     online_fit_every: int = 16  # calibration=online: refit every this many steps
     zero_draft: str = "relax"  # a 0-draft verification: relax alpha toward alpha0, or freeze it
-    cost_terms: str = "auto"  # auto: fit the query x KV term when significant; paper: three terms
+    cost_terms: str = "auto"  # auto: fit the query x KV and sparse terms when significant; paper: three terms
 
     def __post_init__(self):
         for name, allowed in (("policy", POLICIES), ("zero_draft", ZERO_DRAFT), ("cost_terms", COST_TERMS)):
@@ -89,21 +89,27 @@ class AspirePolicy(Policy):
         return {"cost_model": self.cost.to_dict()}
 
     # --- when to verify --------------------------------------------------------------------------
-    def draft_kv(self, prefix: int) -> int:
-        """KV positions a draft row over `prefix` positions reads per layer, averaged over layers as
-        the engine counts them (what the cost model was fitted on): its page set (the most recent
-        page partly filled) and its own token, and the whole prefix at the refresh layer."""
+    def draft_kv(self, prefix: int) -> tuple[int, int]:
+        """(KV positions, of which through its page view) a draft row over `prefix` positions reads
+        per layer, averaged over layers as the engine counts them (what the cost model was fitted
+        on): its page set (the most recent page partly filled) and its own token, and the whole
+        prefix at the refresh layer. A budget covering every page leaves the row without a view."""
         n_pages = -(-prefix // self.page_size)
         budget = page_budget(n_pages, self.settings.ratio, self.settings.min_pages)
-        sparse = prefix if budget >= n_pages else budget * self.page_size - (n_pages * self.page_size - prefix)
+        if budget >= n_pages:
+            return prefix + 1, 0
+        pages = budget * self.page_size - (n_pages * self.page_size - prefix) + 1
         L = self.num_layers
-        return round(((L - 1) * (sparse + 1) + prefix + 1) / L) if self.settings.refresh else sparse + 1
+        if not self.settings.refresh:
+            return pages, pages
+        return round(((L - 1) * pages + prefix + 1) / L), round((L - 1) * pages / L)
 
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
         """c of the cost model for verifying now, from the next draft's KV read (draft_kv)."""
         d = len(seq.pending)
         context = (seq.context_len if context_len is None else context_len) + d
-        return self.cost.cost_ratio(batch, self.draft_kv(context - 1), context, d)
+        kv, sparse = self.draft_kv(context - 1)
+        return self.cost.cost_ratio(batch, kv, context, d, sparse)
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
@@ -163,11 +169,11 @@ class AspirePolicy(Policy):
         """calibration=online only: refit the cost model from this run's own steps (timing-dependent)."""
         if self.settings.calibration != "online":
             return
-        per_row = [(rw.n_tokens, rw.kv_read) for rw in trace.rows]
-        self.samples.append((trace.n_tokens, sum(kv for _, kv in per_row), qk_term(per_row), trace.wall, per_row))
+        per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse) for rw in trace.rows]
+        self.samples.append((trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall, per_row))
         every = self.settings.online_fit_every
         if len(self.samples) >= every and len(self.samples) % every == 0:
-            fit = fit_cost_model(self.samples[-256:], source="online", qk=self.settings.cost_terms == "auto")
+            fit = fit_cost_model(self.samples[-256:], source="online", terms=self.settings.cost_terms)
             if fit_problem(fit) is None:
                 self.cost = fit
 

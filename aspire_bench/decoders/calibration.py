@@ -64,8 +64,9 @@ def calibration_path(engine: Engine, batch_size: int) -> Path:
     return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
 
 
-def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[int]]:
-    """(seconds, each row's KV read as the engine reports it). A step is timed as the decoding loop
+def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[tuple[int, int]]]:
+    """(seconds, each row's KV read and the part of it through a sparse view, as the engine reports
+    them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
     distributions in one batched call (the paper's sampling), a draw for each one-token row, and for
@@ -82,7 +83,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
                 n_pages = -(-(row.start + 1) // engine.page_size)
                 select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
                              page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
-    return time.perf_counter() - t0, out.kv_read
+    return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse))
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
@@ -90,7 +91,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
     Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
-    forward pass and its host work (see _time_step), each row's (tokens, KV read)). Steps are
+    forward pass and its host work (see _time_step), each row's (tokens, KV read, of which through
+    a sparse view)). Draft rows read pages scattered as a real draft's are, at several budgets, so
+    that the fit can tell a scattered position's cost from a contiguous one's. Steps are
     timed at two lengths (context / 4 and context): at one length a verify row's query x KV work
     grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
     """
@@ -147,9 +150,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
                 progress(rnd * len(steps) + done + 1, (repeats + 1) * len(steps))
     samples = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
-        per_row = [(row.n, read) for row, read in zip(rows, row_reads)]
-        samples.append((sum(row.n for row in rows), sum(row_reads), qk_term(per_row), statistics.median(times),
-                        per_row))
+        per_row = [(row.n, read, sparse) for row, (read, sparse) in zip(rows, row_reads)]
+        samples.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
+                        statistics.median(times), per_row))
     for slot in slots:
         engine.free(slot)
     order = list(range(len(samples)))
@@ -177,14 +180,14 @@ def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | 
     return path
 
 
-def cost_model_from(calibration: dict, source: str, qk: bool = True) -> CostModel:
-    """The cost model of a stored calibration: refitted from its samples (with or without the
-    query x KV term), or its coefficients as stored when it has no samples."""
+def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> CostModel:
+    """The cost model of a stored calibration: refitted from its samples (terms: see
+    fit_cost_model), or its coefficients as stored when it has no samples."""
     samples = [tuple(s) for s in calibration.get("samples") or []]
     if samples:
-        return fit_cost_model(samples, source=source, qk=qk)
+        return fit_cost_model(samples, source=source, terms=terms)
     model = CostModel.from_dict(calibration, source)
-    return model if qk else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2, 0)
+    return model if terms == "auto" else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
 
 
 def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int) -> CostModel:
@@ -213,7 +216,7 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     try:
         stored = json.loads(path.read_text())
         model = cost_model_from(stored, source)  # the best fit: how well the timings are explained
-        paper = cost_model_from(stored, source, qk=False) if cost_terms == "paper" else None
+        paper = cost_model_from(stored, source, terms="paper") if cost_terms == "paper" else None
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"calibration file {path} is not a calibration ({e}): "
                           "run `aspire-bench calibrate` again or delete the file") from e

@@ -197,17 +197,19 @@ def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: Sampl
             if p.kind == DECODE}
     t1 = clock()
     trace = StepTrace(0, t0, t1)
-    for i, (p, lg, read) in enumerate(zip(plans, out.logits, out.kv_read)):
+    for i, (p, lg, read, sparse) in enumerate(zip(plans, out.logits, out.kv_read, out.kv_sparse)):
         seq = p.seq
         if p.kind == DECODE:
-            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [toks[i]], t1, params.eos_token_ids), kv_read=read)
+            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [toks[i]], t1, params.eos_token_ids), kv_read=read,
+                          kv_sparse=sparse)
         elif p.kind == DRAFT:
             take_draft(seq, lg[-1], params, probs.get(i))
-            rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read)
+            rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read, kv_sparse=sparse)
         else:
             d, a, n = finish_verify(engine, seq, lg, params, t1, probs.get(i))
             policy.observe(seq, d, a)
-            rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read)
+            rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read,
+                          kv_sparse=sparse)
         trace.rows.append(rt)
         if p.capture is not None:
             policy.scores(seq, out.captures.get(i, {}))

@@ -9,16 +9,24 @@ import numpy as np
 # A fit explaining less of the step-time variance than this, or with a negative coefficient, is
 # not a cost model: the scheduler would chase noise. Such fits are rejected (see `fit_problem`).
 MIN_R2 = 0.9
-# beta_qk is kept only when its t-statistic reaches this: on a GPU (verification cost flat in the
-# number of queries) it fits ~0 and the model reduces to the paper's three terms.
-QK_MIN_T = 3.0
+# A term beyond the paper's three (beta_qk, beta_sparse) is kept only when its t-statistic reaches
+# this: on a GPU (verification cost flat in the number of queries, gathers as cheap as a contiguous
+# read) both fit ~0 and the model reduces to the paper's three terms.
+EXTRA_MIN_T = 3.0
 # Candidate numbers of a row's queries that ride free on its KV read (see CostModel.qk_free).
 QK_FREE = (0, 1, 2, 3, 4, 6, 8)
 
 
 def qk_term(rows, free: int = 0) -> float:
-    """Sum over rows (tokens, KV positions read) of the tokens beyond the first `free` x the KV read."""
-    return float(sum(max(0, n - free) * kv for n, kv in rows))
+    """Sum over rows (tokens, KV positions read[, of which sparse]) of the tokens beyond the first
+    `free` x the KV read."""
+    return float(sum(max(0, r[0] - free) * r[1] for r in rows))
+
+
+def sparse_term(rows) -> float:
+    """Sum over rows (tokens, KV positions read, of which sparse) of the KV read through sparse views
+    (0 for rows given as (tokens, KV read))."""
+    return float(sum(r[2] for r in rows if len(r) > 2))
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -59,12 +67,17 @@ class RequestSchedule:
 @dataclass
 class CostModel:
     """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
-    + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read).
+    + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read)
+    + beta_sparse * KV positions read through sparse views.
 
     The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
     arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
     KV is read once for all its queries, so while the arithmetic of a few queries hides under that
     read they cost nothing extra: `qk_free` (fitted) is how many. 0 is the plain linear term.
+
+    The sparse term is zero in the paper's model too: a draft's pages, scattered over the cache,
+    cost a CPU more per position than a contiguous prefix (short runs defeat the hardware
+    prefetcher), so beta_sparse is what a position read through a view costs beyond beta_attn.
     """
 
     beta0: float
@@ -74,30 +87,35 @@ class CostModel:
     source: str = "default"
     r2: float | None = None
     qk_free: int = 0
+    beta_sparse: float = 0.0
 
-    def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0) -> float:
-        """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free)."""
-        return self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
+    def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0) -> float:
+        """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free); `sparse`: their
+        KV read through sparse views, sparse_term(rows)."""
+        return (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
+                + self.beta_sparse * sparse)
 
     def rows_time(self, rows) -> float:
-        """The time of a step of these rows, each (tokens, KV positions read)."""
+        """The time of a step of these rows, each (tokens, KV positions read[, of which sparse])."""
         rows = list(rows)
-        return self.step_time(sum(n for n, _ in rows), sum(kv for _, kv in rows), qk_term(rows, self.qk_free))
+        return self.step_time(sum(r[0] for r in rows), sum(r[1] for r in rows), qk_term(rows, self.qk_free),
+                              sparse_term(rows))
 
-    def _uniform_time(self, batch: int, n: int, kv: float) -> float:
-        """rows_time of `batch` rows of n tokens reading kv positions each, in closed form (per row
-        and step in the scheduler)."""
-        return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv)
+    def _uniform_time(self, batch: int, n: int, kv: float, sparse: float = 0.0) -> float:
+        """rows_time of `batch` rows of n tokens reading kv positions each (`sparse` of them through a
+        view), in closed form (per row and step in the scheduler)."""
+        return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv, batch * sparse)
 
-    def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int) -> float:
-        """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch`.
+    def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int, draft_sparse: float = 0.0) -> float:
+        """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch` whose draft reads
+        draft_kv positions, draft_sparse of them through its view.
 
         Paper (beta_qk = 0): c_i = T_draft / T_verify(d_i). With beta_qk, T_verify grows by
         g = beta_qk * batch * context per extra draft: the time per verification cycle of gamma
         drafts is gamma * (T_draft + g) + T_verify(d_i) - d_i * g, which keeps the paper's form with
         c_i = (T_draft + g) / (T_verify(d_i) - d_i * g).
         """
-        t_draft = self._uniform_time(batch, 1, draft_kv)
+        t_draft = self._uniform_time(batch, 1, draft_kv, draft_sparse)
         t_verify = self._uniform_time(batch, drafts + 1, context)
         # the next draft adds query x KV work once the verify row has more than qk_free tokens
         growth = self.beta_qk * batch * context if drafts + 2 > self.qk_free else 0.0
@@ -106,12 +124,13 @@ class CostModel:
 
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
-                "beta_qk": self.beta_qk, "qk_free": self.qk_free, "source": self.source, "r2": self.r2}
+                "beta_qk": self.beta_qk, "qk_free": self.qk_free, "beta_sparse": self.beta_sparse,
+                "source": self.source, "r2": self.r2}
 
     @classmethod
     def from_dict(cls, d: dict, source: str) -> CostModel:
         return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
-                   source, d.get("r2"), int(d.get("qk_free", 0)))
+                   source, d.get("r2"), int(d.get("qk_free", 0)), float(d.get("beta_sparse", 0.0)))
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -158,34 +177,47 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
 
 
-def fit_cost_model(samples: list[tuple], source: str = "fit", qk: bool = True) -> CostModel:
+def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto") -> CostModel:
     """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
-    row's (tokens, KV read); older samples without rows, (n_tokens, kv_read, qk, seconds) or
-    (n_tokens, kv_read, seconds), fit qk_free = 0. A term that would fit below zero is held at 0.
+    row's (tokens, KV read[, of which through sparse views]); older samples without rows,
+    (n_tokens, kv_read, qk, seconds) or (n_tokens, kv_read, seconds), fit qk_free = 0 and no sparse
+    term. A term that would fit below zero is held at 0.
 
-    The query x KV term is fitted when `qk`, for each candidate qk_free when the samples have rows,
-    and kept only when significant (t >= QK_MIN_T and positive); the best such fit is returned,
-    otherwise the paper's three terms refitted without it. `fit_problem` says whether the fit may be
-    used (its R^2).
+    terms="paper": the paper's three terms. terms="auto": also the query x KV term (for each
+    candidate qk_free when the samples have rows) and the sparse term, each kept only when
+    significant (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that
+    explains the most (R^2). `fit_problem` says whether the fit may be used.
     """
+    if terms not in ("auto", "paper"):
+        raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
     norm = [tuple(s) if len(s) >= 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
-    X3 = np.array([[1.0, s[0], s[1]] for s in norm])
     y = np.array([s[3] for s in norm])
+    base = np.array([[1.0, s[0], s[1]] for s in norm])
+    with_rows = all(len(s) == 5 for s in norm)
+    extras: list[tuple[int | None, np.ndarray | None]] = [(None, None)]  # (qk_free, sparse column)
+    if terms == "auto":
+        sparse = np.array([sparse_term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
+        sparse_options = [None] + ([sparse] if sparse.std() > 0 else [])
+        frees = [None, *(QK_FREE if with_rows else (0,))]
+        extras = [(free, sp) for free in frees for sp in sparse_options]
     best = None
-    if qk:
-        with_rows = all(len(s) == 5 for s in norm)
-        for free in QK_FREE if with_rows else (0,):
-            q = [qk_term(s[4], free) if with_rows else s[2] for s in norm]
-            X4 = np.column_stack((X3, q))
-            if X4[:, 3].std() == 0:
+    for free, sp in extras:
+        named = []  # (coefficient, column) beyond the three base terms
+        if free is not None:
+            q = np.array([qk_term(s[4], free) if with_rows else s[2] for s in norm])
+            if q.std() == 0:
                 continue
-            beta, t, r2 = _nonnegative_lstsq(X4, y)
-            if beta[3] > 0 and t[3] >= QK_MIN_T and (best is None or (r2 or 0) > (best.r2 or 0)):
-                best = CostModel(*map(float, beta), source=source, r2=r2, qk_free=free)
-    if best is not None:
-        return best
-    beta, _, r2 = _nonnegative_lstsq(X3, y)
-    return CostModel(*map(float, beta), 0.0, source=source, r2=r2)
+            named.append(("beta_qk", q))
+        if sp is not None:
+            named.append(("beta_sparse", sp))
+        beta, t, r2 = _nonnegative_lstsq(np.column_stack([base, *(col for _, col in named)]), y)
+        if any(not (beta[j] > 0 and t[j] >= EXTRA_MIN_T) for j in range(3, beta.size)):
+            continue
+        coef = dict(zip(("beta0", "beta_tok", "beta_attn", *(name for name, _ in named)), map(float, beta)))
+        model = CostModel(**coef, source=source, r2=r2, qk_free=free or 0)
+        if best is None or (r2 or 0) > (best.r2 or 0):
+            best = model
+    return best
 
 
 def fit_problem(model: CostModel) -> str | None:

@@ -103,8 +103,9 @@ class Engine:
         pos = torch.cat((pos, torch.arange(row.start, row.start + row.n, device=dev)))
         return pos + row.slot.base, pos
 
-    def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int]:
-        """The row's attention metadata and its KV read (positions attended per layer, mean)."""
+    def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int, int]:
+        """The row's attention metadata, its KV read (positions attended per layer, mean) and the
+        part of that read through a sparse view."""
         L = self.cfg.num_layers
         meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
         if isinstance(row.view, LayerTokenView) and row.view.positions.shape[0] != L:
@@ -134,11 +135,12 @@ class Engine:
             meta.capture_reduce = row.capture.reduce
         full = row.start + row.n
         reads = [full if idx is None else int(idx.numel()) for idx in meta.sparse] if meta.sparse else [full]
-        return meta, round(sum(reads) / len(reads))
+        sparse = sum(int(idx.numel()) for idx in meta.sparse if idx is not None) if meta.sparse else 0
+        return meta, round(sum(reads) / len(reads)), round(sparse / len(reads))
 
     def forward(self, rows: list[Row]) -> ForwardOutput:
         dev = self.device
-        tokens, positions, dest, metas, logit_rows, counts, reads = [], [], [], [], [], [], []
+        tokens, positions, dest, metas, logit_rows, counts, reads, sparse = [], [], [], [], [], [], [], []
         q = 0
         for row in rows:
             slot, start, n = row.slot, row.start, row.n
@@ -149,9 +151,10 @@ class Engine:
             tokens.extend(row.tokens)
             positions.extend(range(start, start + n))
             dest.extend(range(slot.base + start, slot.base + start + n))
-            meta, read = self._row_meta(row, q)
+            meta, read, through_view = self._row_meta(row, q)
             metas.append(meta)
             reads.append(read)
+            sparse.append(through_view)
             if row.logits == "all":
                 logit_rows.extend(range(q, q + n))
                 counts.append(n)
@@ -169,4 +172,4 @@ class Engine:
             torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
-        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads)
+        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads, kv_sparse=sparse)

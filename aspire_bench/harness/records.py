@@ -30,7 +30,13 @@ INFO_NOT_SETTINGS = frozenset({"decode_samples", "tuning", "verifications", "ste
 # What a stored run is: measured by running a decoder, predicted by `aspire-bench simulate`, or a
 # measurement about a model rather than a decoder (`aspire-bench diagnose`).
 RUN_KINDS = ("measured", "simulated", "diagnostic")
-ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read")
+# kv_sparse came later: rows stored before it have the first seven columns (read it with row_kv_sparse)
+ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read", "kv_sparse")
+
+
+def row_kv_sparse(row) -> int:
+    """A stored row's KV read through a sparse view; 0 for a row stored before the column existed."""
+    return row[7] if len(row) > 7 else 0
 
 
 def canonical_json(obj) -> str:
@@ -151,7 +157,8 @@ def from_output(
     ]
     steps = [
         StepRecord(s.index, s.t_start - t0, s.t_end - t0, s.n_tokens,
-                   [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read) for w in s.rows])
+                   [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read, w.kv_sparse)
+                    for w in s.rows])
         for s in output.steps
     ]
     aggregates = metrics.aggregate(output, scores=scores, parity=found if parity is not None else None,

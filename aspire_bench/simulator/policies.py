@@ -55,28 +55,35 @@ class SimPolicy:
     def admitted(self, seq: Sequence) -> None:
         seq.extra["_sel_len"] = seq.context_len - 1  # Vegas: its selection covers the prompt
 
-    # --- rows: (kind, tokens, KV positions read per layer) or None (sits the step out) ------------
+    # --- rows: (kind, tokens, KV positions read per layer, of which through a sparse view) or None
+    # (sits the step out)
     def plan(self, seqs: list[Sequence], batch: int) -> list[tuple | None]:
         if self.draft_kind is None:
-            return [(DECODE, 1, s.context_len) for s in seqs]
+            return [(DECODE, 1, s.context_len, 0) for s in seqs]
         if self.draft_kind == "aspire":
             return [self._aspire_row(s, batch) for s in seqs]
         plans, self.policy.cycle = lockstep(seqs, self.config.gamma, self.policy.cycle, lambda s, p: None)
         kinds = {id(p.seq): p.kind for p in plans}
         return [None if id(s) not in kinds else self._verify(s) if kinds[id(s)] == VERIFY else
-                (DRAFT, 1, self._sync_draft_kv(s) + 1) for s in seqs]
+                (DRAFT, 1, *self._sync_draft_kv(s)) for s in seqs]
 
     @staticmethod
     def _verify(seq: Sequence) -> tuple:
-        return VERIFY, len(seq.pending) + 1, seq.context_len + len(seq.pending)
+        return VERIFY, len(seq.pending) + 1, seq.context_len + len(seq.pending), 0
 
-    def _sync_draft_kv(self, seq: Sequence) -> int:
+    def _sync_draft_kv(self, seq: Sequence) -> tuple[int, int]:
+        """(KV read, of which through the view) of a MagicDec or Vegas draft row, its own token
+        included; a prefix within the budget is read in full, without a view."""
         prefix = seq.context_len - 1 + len(seq.pending)
         if self.draft_kind == "magicdec":
-            return min(prefix, self.config.budget)
-        length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
-        k = token_budget(length, self.config.ratio, self.config.min_tokens)
-        return prefix if k >= length else k + (prefix - length)
+            viewed = prefix > self.config.budget
+            kv = min(prefix, self.config.budget) + 1
+        else:
+            length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
+            k = token_budget(length, self.config.ratio, self.config.min_tokens)
+            viewed = k < length
+            kv = (k + (prefix - length) if viewed else prefix) + 1
+        return kv, kv if viewed else 0
 
     def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
         pol = self.policy
@@ -84,7 +91,7 @@ class SimPolicy:
             if self.config.policy == "adaptive":
                 seq.state.c = pol.cost_ratio(seq, batch)  # as AspirePolicy.plan records it
             return self._verify(seq)
-        return DRAFT, 1, pol.draft_kv(seq.context_len - 1 + len(seq.pending))
+        return (DRAFT, 1, *pol.draft_kv(seq.context_len - 1 + len(seq.pending)))
 
     def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.policy.observe(seq, drafted, accepted)

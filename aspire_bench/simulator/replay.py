@@ -47,7 +47,7 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
             i, req = waiting.popleft()
             seq = policy.new_sequence(i, req.id, req.prompt_len, req.max_new)
             for j, (n, kv) in enumerate(req.prefill):
-                t0, t = t, t + cost.step_time([(PREFILL, n, kv)])
+                t0, t = t, t + cost.step_time([(PREFILL, n, kv, 0)])
                 last = j == len(req.prefill) - 1
                 steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(seq, 1, t) if last
                                                                     else 0, kv_read=kv)]))
@@ -61,11 +61,11 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
         rows = [(seq, r) for seq, r in zip(active, plan) if r is not None]
         t0, t = t, t + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
-        for seq, (kind, n, kv) in rows:
+        for seq, (kind, n, kv, sparse) in rows:
             rid = seq.req.id
             if kind == DRAFT:
                 seq.pending.append(0)
-                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, kv_read=kv))
+                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, kv_read=kv, kv_sparse=sparse))
             elif kind == VERIFY:
                 d = len(seq.pending)
                 a = acceptance.accept(rid, d, seq.context_len + d)
@@ -73,9 +73,9 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
                 c = commit(seq, a + 1, t)
                 seq.verifications.append((d, a))
                 policy.observe(seq, d, a)
-                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv))
+                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv, kv_sparse=sparse))
             else:
-                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv))
+                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv, kv_sparse=sparse))
         steps.append(trace)
         for seq in [s for s in active if finished(s)]:
             active.remove(seq)

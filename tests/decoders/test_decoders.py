@@ -255,16 +255,23 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
     assert res["n_samples"] == 2 * 3 * 2 * 2 and len(res["samples"]) == res["n_samples"]
-    # tokens, KV read, query x KV, seconds, each row's (tokens, KV read)
-    assert all(len(s) == 5 and len(s[4]) == 2 and sum(n for n, _ in s[4]) == s[0] for s in res["samples"])
+    # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view)
+    assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
+               for s in res["samples"])
+    rows = [r for s in res["samples"] for r in s[4]]
+    assert all(0 <= sparse < kv for _, kv, sparse in rows)
+    assert {sparse > 0 for n, _, sparse in rows if n == 1} == {True, False}  # 25% pages, and no view
+    assert all(sparse == 0 for n, _, sparse in rows if n > 1)  # verify rows read the prefix in full
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.
-    exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv, rows) for n, kv, qk, _, rows in res["samples"]]
+    exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv + 4e-9 * sum(r[2] for r in rows), rows)
+             for n, kv, qk, _, rows in res["samples"]]
     path = save_calibration({**res, "samples": exact}, random_engine, 2, tmp_path / "fit.json")
     dec = get_decoder("aspire", calibration=str(path), **SPARSE["aspire"])
     out = dec.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] == "calibration:fit.json"
     assert out.info["cost_model"]["beta_attn"] == pytest.approx(1e-8)
+    assert out.info["cost_model"]["beta_sparse"] == pytest.approx(4e-9)
     online = get_decoder("aspire", calibration="online", online_fit_every=4, **SPARSE["aspire"])
     out = online.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] in ("online", "default")

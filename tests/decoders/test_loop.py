@@ -105,15 +105,19 @@ def test_engine_reports_the_kv_positions_each_row_read(engine):
             Row(s, [7], 61, view=PageView(pages)),
             Row(s, [7], 61, view=per_layer),  # Vegas: a view per layer, None = full
             Row(s, [7], 61, view=PageView(pages), full_layers=frozenset({L - 2}))]  # ASPIRE's refresh row
-    reported = []
+    reported, sparse = [], []
     for row in rows:  # one row per forward: each writes the same positions
-        reported.append(engine.forward([row]).kv_read[0])
+        out = engine.forward([row])
+        reported.append(out.kv_read[0])
+        sparse.append(out.kv_sparse[0])
         engine.rollback(s, 61)
     page_read = len({p for p in range(61) if p // ps in (0, 3)}) + 1
     assert page_read == ps + 13 + 1
     per_layer_true = [4 + 1 if i % 2 else 61 + 1 for i in range(L)]
     refresh_true = [61 + 1 if i == L - 2 else page_read for i in range(L)]
     assert reported == [64, page_read, round(sum(per_layer_true) / L), round(sum(refresh_true) / L)]
+    # the part read through a view: none for the full row, the view's layers' share for the others
+    assert sparse == [0, page_read, round(5 * (L // 2) / L), round((L - 1) * page_read / L)]
 
 
 def test_layer_token_view_equals_a_list_of_per_layer_views(engine):
@@ -140,12 +144,13 @@ def test_step_traces_carry_the_engines_figure(engine, monkeypatch):
 
     def spy(rows):
         out = forward(rows)
-        reads.append(list(out.kv_read))
+        reads.append(list(zip(out.kv_read, out.kv_sparse)))
         return out
 
     monkeypatch.setattr(engine, "forward", spy)
     out = get_decoder("vegas", **SPARSE["vegas"]).generate(engine, requests(), SamplingParams(), 2)
-    assert reads == [[w.kv_read for w in s.rows] for s in out.steps]
+    assert reads == [[(w.kv_read, w.kv_sparse) for w in s.rows] for s in out.steps]
+    assert any(w.kv_sparse for s in out.steps for w in s.rows)  # its drafts read through views
 
 
 @pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (0, 0.9), (0, 1.0)])

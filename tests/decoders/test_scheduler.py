@@ -73,7 +73,7 @@ def test_qk_term_fitted_when_present_and_dropped_when_absent():
         without.append((n, kv, qk, (0.002 + 1e-4 * n + 3e-8 * kv) * noise))
     m = fit_cost_model(with_qk)
     assert m.beta_qk == pytest.approx(2e-9, rel=0.2) and m.beta_attn == pytest.approx(3e-8, rel=0.2)
-    assert fit_cost_model(with_qk, qk=False).beta_qk == 0.0
+    assert fit_cost_model(with_qk, terms="paper").beta_qk == 0.0
     assert fit_cost_model(without).beta_qk == 0.0  # not significant: the paper's three terms
     assert fit_problem(m) is None
 
@@ -111,6 +111,34 @@ def test_fit_finds_how_many_queries_ride_free_on_the_kv_read(free, seed):
     assert m.beta_qk == pytest.approx(3e-9, rel=0.15) and m.beta_attn == pytest.approx(2e-8, rel=0.15)
     again = CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay")
     assert again.qk_free == free and again.rows_time([(5, 4000)]) == m.rows_time([(5, 4000)])
+
+
+def _sparse_samples(beta_sparse: float, seed: int, n_steps: int = 90):
+    """Steps of 8 rows, drafts through a view of a random part of their KV (some without one) and
+    verifies mixed, timed with a query x KV term (3 queries free) and `beta_sparse`, 1% noise."""
+    gen = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n_steps):
+        rows = []
+        for _ in range(8):
+            n, kv = int(gen.choice([1, 1, 5, 9])), int(gen.integers(1000, 17000))
+            rows.append((n, kv, int(kv * gen.choice([0.0, 0.07, 0.25, 0.9])) if n == 1 else 0))
+        n, kv = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        t = 0.001 + 5e-5 * n + 2e-8 * kv + 3e-9 * qk_term(rows, 3) + beta_sparse * sum(r[2] for r in rows)
+        samples.append((n, kv, qk_term(rows), t * (1 + 0.01 * gen.standard_normal()), rows))
+    return samples
+
+
+def test_sparse_term_fitted_when_present_and_dropped_when_absent(seed):
+    m = fit_cost_model(_sparse_samples(1.5e-8, seed))
+    assert m.beta_sparse == pytest.approx(1.5e-8, rel=0.15), f"seed {seed}"
+    assert m.beta_attn == pytest.approx(2e-8, rel=0.15) and m.qk_free == 3 and fit_problem(m) is None
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay").beta_sparse == m.beta_sparse
+    assert fit_cost_model(_sparse_samples(0.0, seed)).beta_sparse == 0.0  # a GPU's gathers: not significant
+    assert fit_cost_model(_sparse_samples(1.5e-8, seed), terms="paper").beta_sparse == 0.0
+    # the model prices a step's rows with their sparse part, and rows without one as before
+    rows = [(1, 4000, 3000), (5, 16000, 0)]
+    assert m.rows_time(rows) - m.rows_time([r[:2] for r in rows]) == pytest.approx(3000 * m.beta_sparse)
 
 
 def test_samples_without_rows_fit_a_plain_query_x_kv_term():
@@ -235,10 +263,10 @@ def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
     X = np.array([[1.0, n, kv] for n, kv, _, _ in samples])
     plain, *_ = np.linalg.lstsq(X, np.array([s[-1] for s in samples]), rcond=None)
     assert plain[0] < 0  # the case this is about
-    fit = fit_cost_model(samples, qk=False)
+    fit = fit_cost_model(samples, terms="paper")
     assert fit.beta0 == 0.0 and fit.beta_tok >= 0 and fit.beta_attn > 0
     assert fit_problem(fit) is None
-    exact = fit_cost_model([(n, kv, 0.0, 1e-3 + 2e-5 * n + 2e-7 * kv) for n, kv, _, _ in samples], qk=False)
+    exact = fit_cost_model([(n, kv, 0.0, 1e-3 + 2e-5 * n + 2e-7 * kv) for n, kv, _, _ in samples], terms="paper")
     assert exact.beta0 == pytest.approx(1e-3) and exact.beta_attn == pytest.approx(2e-7)  # unconstrained when >= 0
 
 
@@ -260,11 +288,18 @@ def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
         assert plan.kind == "draft" and plan.view is not None  # 2 of 13 pages
         out = engine.forward([Row(slot, [seq.out[-1]], seq.context_len - 1, view=plan.view,
                                   full_layers=plan.full_layers)])
-        assert out.kv_read[0] == policy.draft_kv(seq.context_len - 1)
+        assert (out.kv_read[0], out.kv_sparse[0]) == policy.draft_kv(seq.context_len - 1)
     finally:
         engine.free(slot)
     cheap = AspirePolicy(AspireSettings(refresh=False, **SPARSE), engine.page_size, engine.cfg.num_layers)
     assert (policy.cost_ratio(seq, 8) > cheap.cost_ratio(seq, 8)) is refresh
+    # scattered pages priced dearer per position make the draft dearer; a budget of every page is no view
+    scattered = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers,
+                             CostModel(2e-3, 1e-4, 1e-7, beta_sparse=1e-7))
+    plain = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers, CostModel(2e-3, 1e-4, 1e-7))
+    assert scattered.cost_ratio(seq, 8) > plain.cost_ratio(seq, 8)
+    whole = AspirePolicy(AspireSettings(refresh=refresh, ratio=1.0), engine.page_size, engine.cfg.num_layers)
+    assert whole.draft_kv(seq.context_len - 1) == (seq.context_len, 0)
 
 
 def test_papercost_uses_the_paper_fit_of_a_good_calibration_however_it_misfits(engine, tmp_path, seed):
@@ -276,7 +311,7 @@ def test_papercost_uses_the_paper_fit_of_a_good_calibration_however_it_misfits(e
         s[3] += 4e-8 * qk_term(s[4])
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"samples": samples}))
-    assert fit_problem(fit_cost_model([tuple(s) for s in samples], qk=False)) is not None  # R^2 < 0.9
+    assert fit_problem(fit_cost_model([tuple(s) for s in samples], terms="paper")) is not None  # R^2 < 0.9
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         full = get_decoder("aspire", calibration=str(path), **SPARSE).generate(

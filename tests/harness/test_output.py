@@ -140,3 +140,13 @@ def test_small_cli_things():
     assert r.exit_code == 2 and "one length" in r.output
     assert "Default: 128." in cli("generate", "--help").output
     assert "auto" in cli("run", "--help").output  # --dtype auto
+
+
+def test_calibrate_reports_and_saves_every_term(random_tiny, tmp_path):
+    out = tmp_path / "cal.json"
+    r = cli("calibrate", "--model", str(random_tiny), "--context-len", "512", "--batch-size", "2",
+            "--repeats", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    saved = json.loads(out.read_text())
+    assert {"beta0", "beta_tok", "beta_attn", "beta_qk", "qk_free", "beta_sparse", "r2", "samples"} <= set(saved)
+    assert "ns/KV position read" in r.output and "sparse" in r.output  # the term, or that it is not significant

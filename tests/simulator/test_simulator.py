@@ -27,7 +27,8 @@ from aspire_bench.simulator.policies import SimPolicy
 from aspire_bench.simulator.replay import SimRequest, simulate
 from aspire_bench.simulator.source import simulate_stored
 
-COST = CostModel(beta0=2e-3, beta_tok=1e-4, beta_attn=1e-6, beta_qk=1e-8, source="calibration:test")
+COST = CostModel(beta0=2e-3, beta_tok=1e-4, beta_attn=1e-6, beta_qk=1e-8, source="calibration:test",
+                 beta_sparse=5e-7)
 
 
 def test_token_stream_gives_back_the_recorded_outcomes_at_the_recorded_lengths():
@@ -101,7 +102,7 @@ def retimed(record: RunRecord, cost: CalibratedCost) -> RunRecord:
     """The run as if each step had taken exactly the cost model's time, back to back."""
     t, steps, times = 0.0, [], {r.id: [] for r in record.requests}
     for s in record.steps:
-        t0, t = t, t + cost.step_time([(row[1], row[2], row[6]) for row in s.rows])
+        t0, t = t, t + cost.step_time([(row[1], row[2], row[6], row[7]) for row in s.rows])
         steps.append(StepRecord(s.index, t0, t, s.n_tokens, s.rows))
         for row in s.rows:
             times[row[0]].extend([t] * row[3])
@@ -131,7 +132,9 @@ def test_replay_of_a_real_trace_on_a_fake_clock_is_exact(random_tiny, decoder, a
     out, assumptions = simulate_stored(record, cost)
     assert [[r[:3] for r in s.rows] for s in expected.steps] == \
            [[(w.request, w.kind, w.n_tokens) for w in s.rows] for s in out.steps]
-    assert [[r[6] for r in s.rows] for s in expected.steps] == [[w.kv_read for w in s.rows] for s in out.steps]
+    assert [[tuple(r[6:8]) for r in s.rows] for s in expected.steps] == \
+           [[(w.kv_read, w.kv_sparse) for w in s.rows] for s in out.steps]
+    assert decoder == "ar" or any(w.kv_sparse for s in out.steps for w in s.rows)
     assert [r.verifications for r in record.requests] == [r.verifications for r in out.results]
     # what each scheduler saw at each verification (ASPIRE: alpha, c, gamma; fixed-gamma: gamma)
     assert [r.extra.get("schedule") for r in record.requests] == [r.extra.get("schedule") for r in out.results]
