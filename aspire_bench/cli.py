@@ -263,6 +263,9 @@ def demo_command(store, out, contexts, max_new_tokens):
               help="Requests per cell (default: 16 or the batch size, whichever is larger).")
 @click.option("--no-tune", is_flag=True, help="Skip tuning the baselines' gamma (no tuned rows).")
 @click.option("--no-bound", is_flag=True, help="Skip measuring step costs (no bound share).")
+@click.option("--no-calibration-rounds", is_flag=True,
+              help="Skip the calibration rounds timed between runs (the simulator then uses the group's "
+                   "ASPIRE calibration).")
 @click.option("--store", default="aspire_results.db", show_default=True)
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
               help="Also write the rows as JSON (a list of rows; see docs/metrics.md).")
@@ -271,8 +274,8 @@ def demo_command(store, out, contexts, max_new_tokens):
 @measure_options
 @format_option
 def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, sampling, seed, limit, no_tune, no_bound, store, json_out, parity_tolerance,
-                  percentiles, save_result, fmt):
+                  max_new_tokens, sampling, seed, limit, no_tune, no_bound, no_calibration_rounds, store, json_out,
+                  parity_tolerance, percentiles, save_result, fmt):
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
     from .decoders import get_decoder
     from .decoders.base import sampling_in_range
@@ -296,7 +299,7 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
-                     parity_tolerance=parity_tolerance)
+                     parity_tolerance=parity_tolerance, calibration_rounds=not no_calibration_rounds)
     data = [r.to_json() for r in rows]  # the `--json` contract, also what --format json prints
     emit(bench_table(rows, bw), fmt, data=data)
     if json_out:

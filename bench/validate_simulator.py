@@ -8,7 +8,8 @@ Per run (decoder, context, batch, sampling): measured and simulated decode tok/s
 and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
 passes when the tok/s error is within ±10% and, for ASPIRE rows, the ratio error within ±5%
 (docs/simulator.md).
-The step costs are the calibration the group's ASPIRE run used unless --calibration is given.
+The step costs are the run's stored calibration unless --calibration is given: the calibration
+rounds `bench` timed between the runs of its cell, else the one the group's ASPIRE run used.
 `--steps` adds where the cost model misses: per run and kind of step (the kinds of its rows: decode,
 draft, verify, draft+verify, prefill), the stored steps' measured mean time beside the cost model's
 time for the same rows (the steps of the run's stored trace, one repeat).
@@ -99,7 +100,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True)
-    ap.add_argument("--calibration", default=None, help="a calibration file (default: each group's own)")
+    ap.add_argument("--calibration", default=None, help="a calibration file (default: each run's stored one)")
     ap.add_argument("--decoders", default="ar,magicdec,aspire", help="comma-separated (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--steps", action="store_true", help="also the model's error per kind of step")

@@ -87,7 +87,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
-              repeats: int = 3, seed: int = 0, progress=None) -> dict:
+              repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
     Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
@@ -102,14 +102,16 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     d_max = max(drafts)
     engine.reserve(batch_size * (context + d_max + engine.page_size))
     # A step's time does not depend on what the KV holds: random values instead of a prefill keep a
-    # calibration to seconds (the KV is read in full all the same).
-    engine.cache.k.uniform_(-2.0, 2.0, generator=torch.Generator(engine.cache.k.device).manual_seed(seed))
-    engine.cache.v.uniform_(-2.0, 2.0, generator=torch.Generator(engine.cache.v.device).manual_seed(seed + 1))
+    # calibration to seconds (the KV is read in full all the same). Only the slots' own positions:
+    # the rest of the pool may be large and is not read.
     slots = []
+    kgen = torch.Generator(engine.cache.k.device).manual_seed(seed)
     for _ in range(batch_size):
         slot = engine.alloc(context + d_max + 1)
         slot.length = context
         slots.append(slot)
+        for pool in (engine.cache.k, engine.cache.v):
+            pool[:, :, slot.base:slot.base + slot.capacity].uniform_(-2.0, 2.0, generator=kgen)
     r = engine.cfg.num_layers - 2
     lengths = sorted({max(engine.page_size, context // 4), context})
     grid = [(length, n_verify, d, ratio) for length in lengths
@@ -123,18 +125,21 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
-            else:
+            elif budget < n_pages:
                 # scattered over the slot, as a real draft's pages are (contiguous ones cost less per key)
-                view = PageView(random_pages(n_pages, budget, RECENT_PAGES, gen)) if budget < n_pages else None
+                view = PageView(random_pages(n_pages, budget, RECENT_PAGES, gen))
                 rows.append(Row(slot, [rng.randrange(100)], length, view=view,
                                 full_layers=frozenset({r}),
                                 capture=Capture((r,), (0,), PAGE_MAX_SUM)))
+            else:  # a row reading its whole prefix is timed as a decode row: no refresh layer, no scores
+                rows.append(Row(slot, [rng.randrange(100)], length))
         steps.append((length, rows))
     # Rounds over the whole grid in a fresh random order each, the first a warm-up: a drift in the
     # machine's speed while it runs (large on a shared VM) then lands on every grid point alike
     # instead of on the points timed last, and the median per point resists the rest.
     walls, reads = [[] for _ in steps], [None] * len(steps)
-    for rnd in range(repeats + 1):
+    first = 0 if warmup else 1
+    for rnd in range(first, repeats + 1):
         order = list(range(len(steps)))
         rng.shuffle(order)
         for done, i in enumerate(order):
@@ -147,7 +152,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
             for slot in slots:
                 engine.rollback(slot, length)
             if progress:
-                progress(rnd * len(steps) + done + 1, (repeats + 1) * len(steps))
+                progress((rnd - first) * len(steps) + done + 1, (repeats + 1 - first) * len(steps))
     samples = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
         per_row = [(row.n, read, sparse) for row, (read, sparse) in zip(rows, row_reads)]
@@ -166,6 +171,23 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
     return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
             "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
             "n_samples": len(samples), "samples": samples}
+
+
+def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
+    """One calibration from several rounds of the same grid (calibrate() results, same batch size,
+    context, drafts and ratios) taken at different times: each grid point's time is its median over
+    the rounds, refitted. Interleaved with measured runs (the bench does this), the pooled fit sees
+    the machine in the same states as the runs did."""
+    if not rounds:
+        raise ValueError("no calibration rounds to pool")
+    n = len(rounds[0]["samples"])
+    if any(len(r["samples"]) != n for r in rounds):
+        raise ValueError("calibration rounds of different grids cannot be pooled")
+    samples = [(*first[:3], statistics.median(r["samples"][j][3] for r in rounds), first[4])
+               for j, first in enumerate(rounds[0]["samples"])]
+    model = fit_cost_model(samples, source=source)
+    return {**model.to_dict(), "rounds": len(rounds), "batch_size": rounds[0]["batch_size"],
+            "context": rounds[0]["context"], "n_samples": n, "samples": samples}
 
 
 def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | None = None) -> Path:

@@ -5,7 +5,9 @@ MIN_REQUESTS) with a warm-up and R measured repeats, repeat i with sampling seed
 decoders in an order rotated by i, each request generating exactly max_new_tokens (EOS ignored, as
 throughput benchmarks do, so every decoder does the same work under sampling too). Tunable baselines
 get a second, tuned row (tuning.py). Ratios carry bootstrap intervals over requests x repeats; the
-cell's step costs give each speculative row its bound share (docs/metrics.md).
+cell's step costs give each speculative row its bound share (docs/metrics.md). After every run of
+every repeat a round of ASPIRE's calibration grid is timed; the rounds' pooled fit, taken in the
+same minutes as the runs, is stored with each run of the cell for the simulator.
 The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
 prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..decoders.base import PAPER_SAMPLING
+from ..decoders.calibration import CALIBRATION_CONTEXT, calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -125,9 +128,11 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           samplings=(Sampling(*SAMPLINGS["greedy"]),), seed: int = 0, limit: int | None = None, store: str | None = None,
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
           show_progress: bool = True, tune: bool = True, percentiles=metrics.DEFAULT_PERCENTILES,
-          bound: bool = True, parity_tolerance: float | None = None) -> tuple[list[BenchRow], float]:
+          bound: bool = True, parity_tolerance: float | None = None,
+          calibration_rounds: bool = True) -> tuple[list[BenchRow], float]:
     """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
-    bound: measure the step costs of each cell for bound_share."""
+    bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
+    round after every run and store the cell's pooled fit (info["interleaved_calibration"])."""
     check_tolerance(parity_tolerance)
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
@@ -156,7 +161,8 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                 for smp in samplings:
                     cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or max(MIN_REQUESTS, bs),
                                    temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
-                    cell_rows = _cell(engine, cell, decoders, tune, show_progress, percentiles, tolerance)
+                    cell_rows = _cell(engine, cell, decoders, tune, show_progress, percentiles, tolerance,
+                                      calibration_rounds)
                     for r in cell_rows:
                         r.context, r.sampling = ctx, smp.name
                         add_bandwidth(r.record)
@@ -182,7 +188,7 @@ def _entries(decoders, tune: bool) -> list[tuple[str, bool]]:
 
 
 def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, percentiles,
-          tolerance: float) -> list[BenchRow]:
+          tolerance: float, calibration_rounds: bool = True) -> list[BenchRow]:
     """Every decoder on one cell's requests, as one group. Repeat i runs the decoders in an order rotated
     by i (drift on a shared machine falls on each in turn) with sampling seed seed + i. Greedy rows get
     parity against the cell's AR run."""
@@ -190,20 +196,41 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     entries = _entries(decoders, tune)
     prepared = {e: prepare(replace(cell, decoder=e[0], tune=e[1]), engine, show_progress) for e in entries}
     outputs = {e: [] for e in entries}
+    rounds = []
     for i in range(cell.repeat):
         k = i % len(entries)
         for e in entries[k:] + entries[:k]:
             outputs[e].append(measure_repeat(prepared[e], i, show_progress))
+            if calibration_rounds:
+                rounds.append(_calibration_round(engine, cell))
+    interleaved = _pooled(rounds)
     # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
     records_of, ar = {}, None
     for e in sorted(entries, key=lambda e: e[0] != "ar"):
         prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
+        if interleaved is not None:
+            prepared[e].info["interleaved_calibration"] = interleaved
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
         if e[0] == "ar" and ar is None:
             ar = records_of[e]
     return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[1]) for e in entries]
+
+
+def _calibration_round(engine, cell: RunConfig) -> dict:
+    """One timed round of ASPIRE's calibration grid (calibration.calibrate) at its context, or the
+    cell's when shorter: the same grid every round, so the rounds pool point by point."""
+    context = min(CALIBRATION_CONTEXT, parse_bucket(cell.context_len)[0], engine.max_context - 16 - engine.page_size - 1)
+    return calibrate(engine, cell.batch_size, context, repeats=1, warmup=False)
+
+
+def _pooled(rounds: list[dict]) -> dict | None:
+    """The cost model of the cell's calibration rounds pooled (coefficients, R^2, rounds; no samples)."""
+    if not rounds:
+        return None
+    pooled = pooled_calibration(rounds, source="interleaved calibration")
+    return {k: v for k, v in pooled.items() if k != "samples"}
 
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:

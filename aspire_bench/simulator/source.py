@@ -24,8 +24,12 @@ CALIBRATION_SOURCES = ("calibration", "calibration:")
 
 
 def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
-    """This machine's calibration as the run's group used it: the cost model of the group's ASPIRE
-    run (its own first), when it came from a calibration with all four terms."""
+    """This machine's calibration for the run: the calibration interleaved with the runs of its bench
+    cell when it has one (taken in the same minutes as the runs), else the cost model of the group's
+    ASPIRE run (its own first), when it came from a calibration with all its terms."""
+    if record.info.get("interleaved_calibration"):
+        cm = record.info["interleaved_calibration"]
+        return CostModel.from_dict(cm, str(cm.get("source", "interleaved calibration")))
     cands = [record]
     if record.group:
         cands += [store.get_run(s["run_id"]) for s in store.list_runs(group=record.group)

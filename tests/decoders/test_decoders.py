@@ -281,3 +281,19 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     with pytest.raises(Exception, match="does not exist"):
         get_decoder("aspire", calibration=str(tmp_path / "none.json")).generate(
             random_engine, make_requests()[:1], SamplingParams(), 1)
+
+
+def test_calibration_rounds_pool_point_by_point(random_engine):
+    from aspire_bench.decoders.calibration import calibrate, pooled_calibration
+    kw = dict(batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1, warmup=False)
+    rounds = [calibrate(random_engine, **kw) for _ in range(3)]
+    assert all([s[:3] for s in r["samples"]] == [s[:3] for s in rounds[0]["samples"]] for r in rounds)  # one grid
+    # times as if the machine ran at three speeds: each point's pooled time is the middle one
+    scaled = [{**r, "samples": [(*s[:3], s[3] * f, s[4]) for s in r["samples"]]}
+              for r, f in zip(rounds, (1.0, 1.3, 0.8))]
+    pooled = pooled_calibration(scaled)
+    assert pooled["rounds"] == 3 and len(pooled["samples"]) == len(rounds[0]["samples"])
+    for j, s in enumerate(pooled["samples"]):
+        assert s[3] == sorted(x["samples"][j][3] for x in scaled)[1]
+    with pytest.raises(ValueError, match="different grids"):
+        pooled_calibration([rounds[0], calibrate(random_engine, **{**kw, "drafts": (1,)})])

@@ -126,6 +126,16 @@ def test_bench_json_contract(random_tiny, tmp_path):
         assert col in r.output
     db = sqlite3.connect(tmp_path / "b.db")
     assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
+    # a calibration round after every run of every repeat, pooled and stored with each run for the simulator
+    from aspire_bench.harness.store import Store
+    from aspire_bench.simulator.source import stored_calibration
+    with Store(tmp_path / "b.db", readonly=True) as st:
+        recs = [st.get_run(i) for i in range(1, 5)]
+        cals = [rec.info["interleaved_calibration"] for rec in recs]
+        assert all(c == cals[0] for c in cals) and cals[0]["rounds"] == 4 * 2 and cals[0]["context"] == 1024
+        assert "samples" not in cals[0]
+        model = stored_calibration(st, recs[0])
+    assert model.source == "interleaved calibration" and model.beta_attn == cals[0]["beta_attn"]
 
 
 def test_bench_rejects_unknown_sampling(random_tiny):
