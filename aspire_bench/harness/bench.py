@@ -6,8 +6,8 @@ decoders in an order rotated by i, each request generating exactly max_new_token
 throughput benchmarks do, so every decoder does the same work under sampling too). Tunable baselines
 get a second, tuned row (tuning.py). Ratios carry bootstrap intervals over requests x repeats; the
 cell's step costs give each speculative row its bound share (docs/metrics.md). After every run of
-every repeat a round of ASPIRE's calibration grid is timed; the rounds' pooled fit, taken in the
-same minutes as the runs, is stored with each run of the cell for the simulator.
+every repeat a round of ASPIRE's calibration grid is timed; each run keeps, for the simulator, the
+fit of the round timed right after its traced repeat and the fit of all the cell's rounds pooled.
 The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
 prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
@@ -23,11 +23,12 @@ import torch
 
 from ..decoders.base import PAPER_SAMPLING
 from ..decoders.calibration import CALIBRATION_CONTEXT, calibrate, pooled_calibration
+from ..decoders.scheduler import fit_cost_model
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
 from .parity import check_tolerance, resolve_tolerance
-from .runner import RunConfig, finish, load_engine, measure_repeat, prepare
+from .runner import RunConfig, finish, load_engine, measure_repeat, prepare, traced_repeat
 from .step_costs import DRAFT_KIND, measure_cell
 from .store import save_record
 from .tuning import TUNE_GRIDS
@@ -132,7 +133,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           calibration_rounds: bool = True) -> tuple[list[BenchRow], float]:
     """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
     bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
-    round after every run and store the cell's pooled fit (info["interleaved_calibration"])."""
+    round after every run and store the fits (info["adjacent_calibration"], info["interleaved_calibration"])."""
     check_tolerance(parity_tolerance)
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
@@ -196,20 +197,24 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     entries = _entries(decoders, tune)
     prepared = {e: prepare(replace(cell, decoder=e[0], tune=e[1]), engine, show_progress) for e in entries}
     outputs = {e: [] for e in entries}
-    rounds = []
+    rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
     for i in range(cell.repeat):
         k = i % len(entries)
         for e in entries[k:] + entries[:k]:
             outputs[e].append(measure_repeat(prepared[e], i, show_progress))
             if calibration_rounds:
-                rounds.append(_calibration_round(engine, cell))
-    interleaved = _pooled(rounds)
+                rounds[e, i] = _calibration_round(engine, cell)
+    pooled = _fit_of(pooled_calibration(list(rounds.values()), source="interleaved calibration")) if rounds else None
     # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
     records_of, ar = {}, None
     for e in sorted(entries, key=lambda e: e[0] != "ar"):
         prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
-        if interleaved is not None:
-            prepared[e].info["interleaved_calibration"] = interleaved
+        if rounds:
+            after = rounds[e, traced_repeat(outputs[e])]
+            prepared[e].info["adjacent_calibration"] = _fit_of(
+                {**fit_cost_model(after["samples"], source="adjacent calibration").to_dict(),
+                 "rounds": 1, "context": after["context"], "batch_size": after["batch_size"]})
+            prepared[e].info["interleaved_calibration"] = pooled
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
@@ -225,12 +230,9 @@ def _calibration_round(engine, cell: RunConfig) -> dict:
     return calibrate(engine, cell.batch_size, context, repeats=1, warmup=False)
 
 
-def _pooled(rounds: list[dict]) -> dict | None:
-    """The cost model of the cell's calibration rounds pooled (coefficients, R^2, rounds; no samples)."""
-    if not rounds:
-        return None
-    pooled = pooled_calibration(rounds, source="interleaved calibration")
-    return {k: v for k, v in pooled.items() if k != "samples"}
+def _fit_of(calibration: dict) -> dict:
+    """What a run keeps of a calibration: its coefficients, R^2, rounds and context (no samples)."""
+    return {k: v for k, v in calibration.items() if k != "samples"}
 
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:

@@ -169,6 +169,12 @@ def measure_repeat(p: Prepared, i: int, show_progress: bool = True) -> Generatio
                     f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
 
 
+def traced_repeat(outputs: list[GenerationOutput]) -> int:
+    """The repeat whose requests and trace a run's record keeps: the median one by decode tok/s."""
+    rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
+    return rates.index(statistics.median_low(rates))
+
+
 def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = None, group: str | None = None,
            sweep: str | None = None, tag: str | None = None, show_progress: bool = True,
            percentiles=metrics.DEFAULT_PERCENTILES, ar=None, parity_tolerance: float | None = None) -> RunResult:
@@ -177,8 +183,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     parity_tolerance (None: cfg's); without it, --parity compares with the oracle's reference, the run
     itself (AR) or a fresh AR run."""
     cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
-    rates = [metrics.decode_tok_s(o) or 0.0 for o in outputs]
-    output = outputs[rates.index(statistics.median_low(rates))]  # the median repeat's requests and trace
+    output = outputs[traced_repeat(outputs)]
 
     parity = None
     if cfg.parity or ar is not None:

@@ -24,12 +24,13 @@ CALIBRATION_SOURCES = ("calibration", "calibration:")
 
 
 def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
-    """This machine's calibration for the run: the calibration interleaved with the runs of its bench
-    cell when it has one (taken in the same minutes as the runs), else the cost model of the group's
-    ASPIRE run (its own first), when it came from a calibration with all its terms."""
-    if record.info.get("interleaved_calibration"):
-        cm = record.info["interleaved_calibration"]
-        return CostModel.from_dict(cm, str(cm.get("source", "interleaved calibration")))
+    """This machine's calibration for the run: for a bench run, the calibration round timed right
+    after its traced repeat (the machine as the trace saw it; this VM's memory speed moves within
+    minutes), else the cost model of the group's ASPIRE run (its own first), when it came from a
+    calibration with all its terms."""
+    if record.info.get("adjacent_calibration"):
+        cm = record.info["adjacent_calibration"]
+        return CostModel.from_dict(cm, str(cm.get("source", "adjacent calibration")))
     cands = [record]
     if record.group:
         cands += [store.get_run(s["run_id"]) for s in store.list_runs(group=record.group)

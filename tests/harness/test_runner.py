@@ -133,9 +133,11 @@ def test_bench_json_contract(random_tiny, tmp_path):
         recs = [st.get_run(i) for i in range(1, 5)]
         cals = [rec.info["interleaved_calibration"] for rec in recs]
         assert all(c == cals[0] for c in cals) and cals[0]["rounds"] == 4 * 2 and cals[0]["context"] == 1024
-        assert "samples" not in cals[0]
+        adjacent = [rec.info["adjacent_calibration"] for rec in recs]
+        assert all(a["rounds"] == 1 and a["context"] == 1024 for a in adjacent)
+        assert not any("samples" in c for c in cals + adjacent)
         model = stored_calibration(st, recs[0])
-    assert model.source == "interleaved calibration" and model.beta_attn == cals[0]["beta_attn"]
+    assert model.source == "adjacent calibration" and model.beta_attn == adjacent[0]["beta_attn"]
 
 
 def test_bench_rejects_unknown_sampling(random_tiny):
@@ -180,3 +182,28 @@ def test_warm_up_shows_the_prefill_unless_every_prompt_is_cached(monkeypatch):
     shown.clear()
     runner.warm_up(p)  # a caller that shows no progress
     assert [s for _, s in shown] == [False, False]
+
+
+def test_bench_keeps_the_calibration_round_after_each_runs_traced_repeat(random_tiny, monkeypatch):
+    """Round k of the cell prices every KV position at k x 1e-8 s: a run's adjacent fit names the round
+    timed right after one of its own repeats, the pooled fit the median over all of them."""
+    from aspire_bench.harness import bench as B
+    made = []
+
+    def fake_round(engine, cell):
+        made.append(len(made) + 1)
+        k = made[-1]
+        samples = [(n, kv, 0.0, 1e-3 + 1e-5 * n + k * 1e-8 * kv, [(n, kv, 0)])
+                   for n in (1, 4, 16) for kv in (1e3, 1e4, 1e5)]
+        return {"samples": samples, "context": 1024, "batch_size": 2}
+
+    monkeypatch.setattr(B, "_calibration_round", fake_round)
+    rows, _ = B.bench(str(random_tiny), "needle", ["1k"], [2], ["ar", "magicdec"], repeat=2, max_new_tokens=4,
+                      samplings=[B.Sampling(0.0, 0, 1.0)], limit=2, tune=False, bound=False, show_progress=False)
+    assert made == [1, 2, 3, 4]  # one round after every run of every repeat
+    # repeat 0 runs ar then magicdec (rounds 1, 2), repeat 1 the order rotated (magicdec 3, ar 4)
+    after = {"ar": (1, 4), "magicdec": (2, 3)}
+    for row in rows:
+        k = row.record.info["adjacent_calibration"]["beta_attn"] / 1e-8
+        assert min(abs(k - r) for r in after[row.decoder]) < 1e-6, (row.decoder, k)
+        assert row.record.info["interleaved_calibration"]["beta_attn"] == pytest.approx(2.5e-8)
