@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ..decoders.scheduler import CostModel
+from ..decoders.scheduler import CostModel, fit_problem
 from ..errors import UserError
 from ..harness import records
 from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
@@ -26,11 +26,14 @@ CALIBRATION_SOURCES = ("calibration", "calibration:")
 def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
     """This machine's calibration for the run: for a bench run, the calibration round timed right
     after its traced repeat (the machine as the trace saw it; this VM's memory speed moves within
-    minutes), else the cost model of the group's ASPIRE run (its own first), when it came from a
-    calibration with all its terms."""
-    if record.info.get("adjacent_calibration"):
-        cm = record.info["adjacent_calibration"]
-        return CostModel.from_dict(cm, str(cm.get("source", "adjacent calibration")))
+    minutes), or when that round's fit fails the quality check (a disturbance during its second)
+    all the cell's rounds pooled; else the cost model of the group's ASPIRE run (its own first),
+    when it came from a calibration with all its terms."""
+    for key in ("adjacent_calibration", "interleaved_calibration"):
+        cm = record.info.get(key)
+        model = CostModel.from_dict(cm, str(cm.get("source", key.replace("_", " ")))) if cm else None
+        if model is not None and fit_problem(model) is None:
+            return model
     cands = [record]
     if record.group:
         cands += [store.get_run(s["run_id"]) for s in store.list_runs(group=record.group)

@@ -137,7 +137,11 @@ def test_bench_json_contract(random_tiny, tmp_path):
         assert all(a["rounds"] == 1 and a["context"] == 1024 for a in adjacent)
         assert not any("samples" in c for c in cals + adjacent)
         model = stored_calibration(st, recs[0])
-    assert model.source == "adjacent calibration" and model.beta_attn == adjacent[0]["beta_attn"]
+    # real timings on a busy test machine may misfit: then the pooled or the group's fit is used (the
+    # choice itself is tested on fixed fits in tests/simulator)
+    from aspire_bench.decoders.scheduler import CostModel, fit_problem
+    if fit_problem(CostModel.from_dict(adjacent[0], "adjacent")) is None:
+        assert model.source == "adjacent calibration" and model.beta_attn == adjacent[0]["beta_attn"]
 
 
 def test_bench_rejects_unknown_sampling(random_tiny):

@@ -297,3 +297,17 @@ def test_alpha_from_stored_runs_is_the_maximum_likelihood_estimate(random_tiny, 
     bad = CliRunner().invoke(main, ["simulate", "--store", db, "--alpha-from-runs", str(rid), "--alpha", "0.5",
                                     "--hardware", "a100", "--model-shape", "qwen3-1.7b", "--no-save"])
     assert bad.exit_code == 2 and "pass one" in bad.output
+
+
+def test_a_bench_run_is_priced_by_the_round_after_its_trace_unless_that_round_misfit():
+    from aspire_bench.simulator.source import stored_calibration
+    good = {**COST.to_dict(), "r2": 0.99, "source": "adjacent calibration"}
+    pooled = {**COST.to_dict(), "beta_attn": 2e-6, "r2": 0.99, "source": "interleaved calibration"}
+    rec = RunRecord(config={}, config_hash="x", env={},
+                    info={"adjacent_calibration": good, "interleaved_calibration": pooled})
+    assert stored_calibration(None, rec).source == "adjacent calibration"
+    rec.info["adjacent_calibration"] = {**good, "r2": 0.25}  # a disturbance during its round
+    model = stored_calibration(None, rec)
+    assert model.source == "interleaved calibration" and model.beta_attn == 2e-6
+    rec.info["interleaved_calibration"] = {**pooled, "r2": 0.5}
+    assert stored_calibration(None, rec) is None  # no group to fall back to
