@@ -9,7 +9,8 @@ and per speculative run the ratio over the AR run of its group (measured, simula
 passes when the tok/s error is within ±10% and, for ASPIRE rows, the ratio error within ±5%
 (docs/simulator.md).
 The step costs are the run's stored calibration unless --calibration is given: the calibration
-round `bench` timed right after its traced repeat, else the one the group's ASPIRE run used.
+round `bench` timed right after its traced repeat (the cell's pooled rounds when that one misfits),
+else the one the group's ASPIRE run used.
 `--steps` adds where the cost model misses: per run and kind of step (the kinds of its rows: decode,
 draft, verify, draft+verify, prefill), the stored steps' measured mean time beside the cost model's
 time for the same rows (the steps of the run's stored trace, one repeat).

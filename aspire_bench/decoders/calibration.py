@@ -113,7 +113,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
         for pool in (engine.cache.k, engine.cache.v):
             pool[:, :, slot.base:slot.base + slot.capacity].uniform_(-2.0, 2.0, generator=kgen)
     r = engine.cfg.num_layers - 2
-    lengths = sorted({max(engine.page_size, context // 4), context})
+    lengths = sorted({min(context, max(engine.page_size, context // 4)), context})
     grid = [(length, n_verify, d, ratio) for length in lengths
             for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for ratio in ratios]
     steps = []  # (length, rows) per grid point
@@ -181,7 +181,8 @@ def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
     if not rounds:
         raise ValueError("no calibration rounds to pool")
     n = len(rounds[0]["samples"])
-    if any(len(r["samples"]) != n for r in rounds):
+    grid = [tuple(s[:3]) for s in rounds[0]["samples"]]
+    if any(len(r["samples"]) != n or [tuple(s[:3]) for s in r["samples"]] != grid for r in rounds):
         raise ValueError("calibration rounds of different grids cannot be pooled")
     samples = [(*first[:3], statistics.median(r["samples"][j][3] for r in rounds), first[4])
                for j, first in enumerate(rounds[0]["samples"])]
@@ -242,9 +243,9 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"calibration file {path} is not a calibration ({e}): "
                           "run `aspire-bench calibrate` again or delete the file") from e
-    # Checked on the four-term fit: the paper's three terms misfit a CPU by construction (verification
+    # Checked on the full fit: the paper's three terms misfit a CPU by construction (verification
     # cost grows with the drafts), and that misfit is what cost_terms=paper exists to show. Its terms
-    # cannot be negative where the four-term ones are not (a non-negative fit, or the same stored terms).
+    # cannot be negative where the full fit's are not (a non-negative fit, or the same stored terms).
     problem = fit_problem(model)
     if problem:
         warnings.warn(f"aspire: calibration {path} rejected ({problem}); using the default cost model. "

@@ -222,7 +222,7 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
 
 def fit_problem(model: CostModel) -> str | None:
     """Why a fitted cost model must not be used, or None when it may."""
-    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk") if getattr(model, k) < 0]
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse") if getattr(model, k) < 0]
     if negative:
         return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"
     if model.r2 is None or model.r2 < MIN_R2:

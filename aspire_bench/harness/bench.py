@@ -203,7 +203,7 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
         for e in entries[k:] + entries[:k]:
             outputs[e].append(measure_repeat(prepared[e], i, show_progress))
             if calibration_rounds:
-                rounds[e, i] = _calibration_round(engine, cell)
+                rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
     pooled = _fit_of(pooled_calibration(list(rounds.values()), source="interleaved calibration")) if rounds else None
     # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
     records_of, ar = {}, None
@@ -223,11 +223,12 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[1]) for e in entries]
 
 
-def _calibration_round(engine, cell: RunConfig) -> dict:
+def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
     """One timed round of ASPIRE's calibration grid (calibration.calibrate) at its context, or the
-    cell's when shorter: the same grid every round, so the rounds pool point by point."""
+    cell's when shorter: the same grid every round, so the rounds pool point by point; the seed
+    changes the order its points are timed in (and which random pages a draft reads)."""
     context = min(CALIBRATION_CONTEXT, parse_bucket(cell.context_len)[0], engine.max_context - 16 - engine.page_size - 1)
-    return calibrate(engine, cell.batch_size, context, repeats=1, warmup=False)
+    return calibrate(engine, cell.batch_size, context, repeats=1, seed=seed, warmup=False)
 
 
 def _fit_of(calibration: dict) -> dict:

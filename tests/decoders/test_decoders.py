@@ -285,7 +285,7 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
 
 def test_calibration_rounds_pool_point_by_point(random_engine):
     from aspire_bench.decoders.calibration import calibrate, pooled_calibration
-    kw = dict(batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1, warmup=False)
+    kw = {"batch_size": 2, "context": 256, "drafts": (1, 4), "ratios": (0.25, 1.0), "repeats": 1, "warmup": False}
     rounds = [calibrate(random_engine, **kw) for _ in range(3)]
     assert all([s[:3] for s in r["samples"]] == [s[:3] for s in rounds[0]["samples"]] for r in rounds)  # one grid
     # times as if the machine ran at three speeds: each point's pooled time is the middle one
@@ -297,3 +297,8 @@ def test_calibration_rounds_pool_point_by_point(random_engine):
         assert s[3] == sorted(x["samples"][j][3] for x in scaled)[1]
     with pytest.raises(ValueError, match="different grids"):
         pooled_calibration([rounds[0], calibrate(random_engine, **{**kw, "drafts": (1,)})])
+    with pytest.raises(ValueError, match="different grids"):  # as many points, another context
+        pooled_calibration([rounds[0], calibrate(random_engine, **{**kw, "context": 512})])
+    # a context shorter than a page (a bench cell may have one) still calibrates
+    short = calibrate(random_engine, **{**kw, "context": 8})
+    assert short["samples"] and all(s[1] > 0 for s in short["samples"])

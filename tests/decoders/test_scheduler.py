@@ -161,6 +161,7 @@ def test_cost_ratio_with_free_queries():
 def test_fit_quality_check():
     assert "negative" in fit_problem(CostModel(-1e-3, 1e-4, 3e-8, r2=0.99))
     assert "R^2" in fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=MIN_R2 - 0.01))
+    assert "beta_sparse" in fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.99, beta_sparse=-1e-9))
     assert fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.97)) is None
 
 
