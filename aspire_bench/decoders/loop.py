@@ -197,7 +197,7 @@ def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: Sampl
             if p.kind == DECODE}
     t1 = clock()
     trace = StepTrace(0, t0, t1)
-    for i, (p, lg, read, sparse) in enumerate(zip(plans, out.logits, out.kv_read, out.kv_sparse)):
+    for i, (p, lg, read, sparse) in enumerate(zip(plans, out.logits, out.kv_read, out.kv_sparse, strict=True)):
         seq = p.seq
         if p.kind == DECODE:
             rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [toks[i]], t1, params.eos_token_ids), kv_read=read,
