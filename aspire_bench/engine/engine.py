@@ -134,9 +134,10 @@ class Engine:
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last
             meta.capture_reduce = row.capture.reduce
         full = row.start + row.n
-        reads = [full if idx is None else int(idx.numel()) for idx in meta.sparse] if meta.sparse else [full]
-        sparse = sum(int(idx.numel()) for idx in meta.sparse if idx is not None) if meta.sparse else 0
-        return meta, round(sum(reads) / len(reads)), round(sparse / len(reads))
+        if not meta.sparse:
+            return meta, full, 0
+        viewed = [int(idx.numel()) for idx in meta.sparse if idx is not None]  # per layer read through a view
+        return meta, round((sum(viewed) + full * (L - len(viewed))) / L), round(sum(viewed) / L)
 
     def forward(self, rows: list[Row]) -> ForwardOutput:
         dev = self.device

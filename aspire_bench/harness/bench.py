@@ -23,7 +23,6 @@ import torch
 
 from ..decoders.base import PAPER_SAMPLING
 from ..decoders.calibration import CALIBRATION_CONTEXT, calibrate, pooled_calibration
-from ..decoders.scheduler import fit_cost_model
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -210,10 +209,9 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     for e in sorted(entries, key=lambda e: e[0] != "ar"):
         prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
         if rounds:
-            after = rounds[e, traced_repeat(outputs[e])]
-            prepared[e].info["adjacent_calibration"] = _fit_of(
-                {**fit_cost_model(after["samples"], source="adjacent calibration").to_dict(),
-                 "rounds": 1, "context": after["context"], "batch_size": after["batch_size"]})
+            after = rounds[e, traced_repeat(outputs[e])]  # calibrate() fitted its own samples already
+            prepared[e].info["adjacent_calibration"] = {**_fit_of(after), "source": "adjacent calibration",
+                                                        "rounds": 1}
             prepared[e].info["interleaved_calibration"] = pooled
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
