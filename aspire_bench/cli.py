@@ -361,7 +361,7 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
                f"{res['beta_qk'] * 1e9:.3f} ns/(query x KV position)"
                + (f" beyond a row's first {res['qk_free']} queries" if res["beta_qk"] and res["qk_free"] else "")
                + ("" if res["beta_qk"] else " (query x KV term not significant)")
-               + (f" + {res['beta_sparse'] * 1e9:.3f} ns/KV position read through a sparse view"
+               + (f" + {res['beta_sparse'] * 1e9:.3f} ns/KV position read scattered through a sparse view"
                   if res["beta_sparse"] else " (sparse-view term not significant)"))
     from .decoders.scheduler import CostModel, fit_problem
     problem = fit_problem(CostModel.from_dict(res, "calibration"))

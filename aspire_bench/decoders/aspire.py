@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..engine import PAGE_MAX_SUM, Capture, PageView
+from ..engine import PAGE_MAX_SUM, SCATTERED_RUN, Capture, PageView
 from ..errors import ConfigError
 from .base import DRAFT, VERIFY
 from .calibration import run_cost_model
@@ -90,26 +90,32 @@ class AspirePolicy(Policy):
 
     # --- when to verify --------------------------------------------------------------------------
     def draft_kv(self, prefix: int) -> tuple[int, int]:
-        """(KV positions, of which through its page view) a draft row over `prefix` positions reads
-        per layer, averaged over layers as the engine counts them (what the cost model was fitted
-        on): its page set (the most recent page partly filled) and its own token, and the whole
-        prefix at the refresh layer. A budget covering every page leaves the row without a view."""
+        """(KV positions, of which scattered) a draft row over `prefix` positions reads per layer,
+        averaged over layers as the engine counts them (what the cost model was fitted on): its page
+        set (the most recent page partly filled) and its own token, and the whole prefix at the
+        refresh layer. Of the page set, the most recent pages are one run; the others are taken as
+        scattered (selected pages rarely come SCATTERED_RUN positions together). A budget covering
+        every page leaves the row without a view."""
         n_pages = -(-prefix // self.page_size)
         budget = page_budget(n_pages, self.settings.ratio, self.settings.min_pages)
         if budget >= n_pages:
             return prefix + 1, 0
-        pages = budget * self.page_size - (n_pages * self.page_size - prefix) + 1
+        unfilled = n_pages * self.page_size - prefix  # of the most recent page
+        viewed = budget * self.page_size - unfilled
+        recent = min(self.settings.recent_pages, budget) * self.page_size - unfilled
+        scattered = viewed - (recent if recent >= SCATTERED_RUN else 0)
+        pages = viewed + 1  # and the row's own token
         L = self.num_layers
         if not self.settings.refresh:
-            return pages, pages
-        return round(((L - 1) * pages + prefix + 1) / L), round((L - 1) * pages / L)
+            return pages, scattered
+        return round(((L - 1) * pages + prefix + 1) / L), round((L - 1) * scattered / L)
 
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
         """c of the cost model for verifying now, from the next draft's KV read (draft_kv)."""
         d = len(seq.pending)
         context = (seq.context_len if context_len is None else context_len) + d
-        kv, sparse = self.draft_kv(context - 1)
-        return self.cost.cost_ratio(batch, kv, context, d, sparse)
+        kv, scattered = self.draft_kv(context - 1)
+        return self.cost.cost_ratio(batch, kv, context, d, scattered)
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""

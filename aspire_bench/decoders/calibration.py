@@ -21,16 +21,27 @@ from pathlib import Path
 
 import torch
 
-from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
+from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
 from .base import PAPER_SAMPLING
 from .common import logits_to_probs, sample_from
+from .magicdec import MagicDecSettings
 from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
-from .selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget, random_pages, select_pages
+from .selection import (
+    MIN_PAGES,
+    PAGE_RATIO,
+    RECENT_PAGES,
+    page_budget,
+    random_pages,
+    select_pages,
+    streaming_positions,
+)
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
 # positions read, so the fit carries to longer contexts.
 CALIBRATION_CONTEXT = 4096
+# The grid's window rows: MagicDec's default sink + window view (sinks, positions in all).
+WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
 
 
 def calibration_dir() -> Path:
@@ -42,12 +53,13 @@ def calibration_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def engine_code_hash() -> str:
-    """A short hash of the code that sets a step's cost (the engine and the kernels, their C++ too): a
-    calibration timed before a change to it describes another machine and is not reused."""
+    """A short hash of the code that sets a step's cost (the engine and the kernels, their C++ too) and
+    of this module, which times it: a calibration timed before a change to either describes another
+    machine, or another grid, and is not reused."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for path in sorted([*(root / "engine").glob("*.py"), *(root / "kernels").rglob("*.py"),
-                        *(root / "kernels").rglob("*.cpp")]):
+                        *(root / "kernels").rglob("*.cpp"), Path(__file__).resolve()]):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:8]
 
@@ -65,7 +77,7 @@ def calibration_path(engine: Engine, batch_size: int) -> Path:
 
 
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[tuple[int, int]]]:
-    """(seconds, each row's KV read and the part of it through a sparse view, as the engine reports
+    """(seconds, each row's KV read and the part of it scattered through a sparse view, as the engine reports
     them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
@@ -87,15 +99,17 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
-              repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True) -> dict:
+              repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True,
+              window: tuple[int, int] | None = WINDOW, back_to_back: bool = True) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
     Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
-    forward pass and its host work (see _time_step), each row's (tokens, KV read, of which through
-    a sparse view)). Draft rows read pages scattered as a real draft's are, at several budgets, so
-    that the fit can tell a scattered position's cost from a contiguous one's. Steps are
-    timed at two lengths (context / 4 and context): at one length a verify row's query x KV work
-    grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
+    forward pass and its host work (see _time_step), each row's (tokens, KV read, of which scattered
+    through a sparse view)). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
+    that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
+    is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
+    Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
+    work grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
     """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work
@@ -114,17 +128,21 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
             pool[:, :, slot.base:slot.base + slot.capacity].uniform_(-2.0, 2.0, generator=kgen)
     r = engine.cfg.num_layers - 2
     lengths = sorted({min(context, max(engine.page_size, context // 4)), context})
-    grid = [(length, n_verify, d, ratio) for length in lengths
-            for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for ratio in ratios]
+    views = [*ratios, *(["window"] if window else [])]
+    grid = [(length, n_verify, d, view) for length in lengths
+            for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for view in views]
     steps = []  # (length, rows) per grid point
     for length, n_verify, d, ratio in grid:
         n_pages = -(-length // engine.page_size)
-        budget = page_budget(n_pages, ratio, 1)
+        budget = n_pages if ratio == "window" else page_budget(n_pages, ratio, 1)
+        win = streaming_positions(length, *window) if ratio == "window" else None
         rows = []
         for j, slot in enumerate(slots):
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
+            elif win is not None:  # a window draft (MagicDec's): no refresh layer, no page scores
+                rows.append(Row(slot, [rng.randrange(100)], length, view=TokenView(win)))
             elif budget < n_pages:
                 # scattered over the slot, as a real draft's pages are (contiguous ones cost less per key)
                 view = PageView(random_pages(n_pages, budget, RECENT_PAGES, gen))
@@ -136,7 +154,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
         steps.append((length, rows))
     # Rounds over the whole grid in a fresh random order each, the first a warm-up: a drift in the
     # machine's speed while it runs (large on a shared VM) then lands on every grid point alike
-    # instead of on the points timed last, and the median per point resists the rest.
+    # instead of on the points timed last, and the median per point resists the rest. Each timed
+    # step follows an untimed one of the same rows, as in decoding, where steps follow steps like
+    # them: a window draft finds its window and the weights still in the last-level cache.
     walls, reads = [[] for _ in steps], [None] * len(steps)
     first = 0 if warmup else 1
     for rnd in range(first, repeats + 1):
@@ -144,13 +164,14 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
         rng.shuffle(order)
         for done, i in enumerate(order):
             length, rows = steps[i]
-            for slot in slots:
-                slot.length = length
-            wall, reads[i] = _time_step(engine, rows, gen)
+            for _ in range(2 if back_to_back else 1):
+                for slot in slots:
+                    slot.length = length
+                wall, reads[i] = _time_step(engine, rows, gen)
+                for slot in slots:
+                    engine.rollback(slot, length)
             if rnd:
                 walls[i].append(wall)
-            for slot in slots:
-                engine.rollback(slot, length)
             if progress:
                 progress((rnd - first) * len(steps) + done + 1, (repeats + 1 - first) * len(steps))
     samples = []

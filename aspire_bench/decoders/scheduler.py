@@ -24,7 +24,7 @@ def qk_term(rows, free: int = 0) -> float:
 
 
 def sparse_term(rows) -> float:
-    """Sum over rows (tokens, KV positions read, of which sparse) of the KV read through sparse views
+    """Sum over rows (tokens, KV positions read, of which scattered) of the KV read scattered through views
     (0 for rows given as (tokens, KV read))."""
     return float(sum(r[2] for r in rows if len(r) > 2))
 
@@ -68,7 +68,7 @@ class RequestSchedule:
 class CostModel:
     """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
     + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read)
-    + beta_sparse * KV positions read through sparse views.
+    + beta_sparse * KV positions read scattered through sparse views.
 
     The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
     arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
@@ -77,7 +77,8 @@ class CostModel:
 
     The sparse term is zero in the paper's model too: a draft's pages, scattered over the cache,
     cost a CPU more per position than a contiguous prefix (short runs defeat the hardware
-    prefetcher), so beta_sparse is what a position read through a view costs beyond beta_attn.
+    prefetcher), so beta_sparse is what a position read in a short run (engine.SCATTERED_RUN)
+    costs beyond beta_attn. A sink + window view is long runs and pays (almost) none of it.
     """
 
     beta0: float
@@ -91,7 +92,7 @@ class CostModel:
 
     def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0) -> float:
         """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free); `sparse`: their
-        KV read through sparse views, sparse_term(rows)."""
+        KV read scattered through views, sparse_term(rows)."""
         return (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
                 + self.beta_sparse * sparse)
 
@@ -108,7 +109,7 @@ class CostModel:
 
     def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int, draft_sparse: float = 0.0) -> float:
         """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch` whose draft reads
-        draft_kv positions, draft_sparse of them through its view.
+        draft_kv positions, draft_sparse of them scattered through its view.
 
         Paper (beta_qk = 0): c_i = T_draft / T_verify(d_i). With beta_qk, T_verify grows by
         g = beta_qk * batch * context per extra draft: the time per verification cycle of gamma
@@ -179,7 +180,7 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto") -> CostModel:
     """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
-    row's (tokens, KV read[, of which through sparse views]); older samples without rows,
+    row's (tokens, KV read[, of which scattered through views]); older samples without rows,
     (n_tokens, kv_read, qk, seconds) or (n_tokens, kv_read, seconds), fit qk_free = 0 and no sparse
     term. A term that would fit below zero is held at 0.
 

@@ -36,7 +36,8 @@ ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted"
 
 
 def row_kv_sparse(row) -> int:
-    """A stored row's KV read through a sparse view; 0 for a row stored before the column existed."""
+    """A stored row's KV read scattered through a sparse view (engine.scattered_positions); 0 for a
+    row stored before the column existed."""
     return row[7] if len(row) > 7 else 0
 
 

@@ -1,15 +1,15 @@
 """Step-cost models for the simulator: the time of one engine step from the rows it runs.
 
 A row is (kind, tokens it puts through the forward pass, KV positions it attends per layer[, of
-which through a sparse view]), as in a stored run's step rows. Two models:
+which scattered through a sparse view]), as in a stored run's step rows. Two models:
 
 - `CalibratedCost`: this machine's fitted cost model (decoders/scheduler.py CostModel):
   beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of (tokens beyond the
-  first qk_free) x KV read + beta_sparse * KV read through sparse views.
+  first qk_free) x KV read + beta_sparse * KV read scattered through sparse views.
 - `Roofline`: a hardware profile and a model shape. A step reads every weight once and each row's
   KV; it computes 2 FLOPs per weight per token plus attention's 4 * heads * head_dim FLOPs per
   (query, KV position) per layer. time = max(bytes / (BW * eff_bw), FLOPs / (peak * eff_flops))
-  + a fixed per-step overhead. A position read through a sparse view costs what any other does
+  + a fixed per-step overhead. A position read scattered through a sparse view costs what any other does
   (a GPU's page gathers read whole pages at full bandwidth).
 """
 from __future__ import annotations

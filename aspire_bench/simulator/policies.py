@@ -18,6 +18,7 @@ from ..decoders.scheduler import CostModel
 from ..decoders.selection import token_budget
 from ..decoders.sequence import Sequence
 from ..decoders.sync import lockstep
+from ..engine import SCATTERED_RUN
 from ..errors import UserError
 
 __all__ = ["DECODE", "DRAFT", "VERIFY", "SimPolicy"]
@@ -55,7 +56,7 @@ class SimPolicy:
     def admitted(self, seq: Sequence) -> None:
         seq.extra["_sel_len"] = seq.context_len - 1  # Vegas: its selection covers the prompt
 
-    # --- rows: (kind, tokens, KV positions read per layer, of which through a sparse view) or None
+    # --- rows: (kind, tokens, KV positions read per layer, of which scattered through a view) or None
     # (sits the step out)
     def plan(self, seqs: list[Sequence], batch: int) -> list[tuple | None]:
         if self.draft_kind is None:
@@ -72,18 +73,24 @@ class SimPolicy:
         return VERIFY, len(seq.pending) + 1, seq.context_len + len(seq.pending), 0
 
     def _sync_draft_kv(self, seq: Sequence) -> tuple[int, int]:
-        """(KV read, of which through the view) of a MagicDec or Vegas draft row, its own token
-        included; a prefix within the budget is read in full, without a view."""
+        """(KV read, of which scattered: see engine.scattered_positions) of a MagicDec or Vegas draft
+        row, its own token included; a prefix within the budget is read in full, without a view.
+        MagicDec's view is two runs, of which only the sinks are short; Vegas's top-k tokens are
+        taken as scattered, the tokens since its selection as one run. Where selected positions
+        come together in long runs the engine counts fewer: an upper bound for Vegas (and for
+        ASPIRE's AspirePolicy.draft_kv), exact for MagicDec."""
         prefix = seq.context_len - 1 + len(seq.pending)
         if self.draft_kind == "magicdec":
-            viewed = prefix > self.config.budget
-            kv = min(prefix, self.config.budget) + 1
-        else:
-            length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
-            k = token_budget(length, self.config.ratio, self.config.min_tokens)
-            viewed = k < length
-            kv = (k + (prefix - length) if viewed else prefix) + 1
-        return kv, kv if viewed else 0
+            if prefix <= self.config.budget:
+                return prefix + 1, 0
+            sinks = self.config.sinks
+            return self.config.budget + 1, sinks if sinks < SCATTERED_RUN else 0
+        length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
+        k = token_budget(length, self.config.ratio, self.config.min_tokens)
+        if k >= length:
+            return prefix + 1, 0
+        since = prefix - length
+        return k + since + 1, k + (since if since < SCATTERED_RUN else 0)
 
     def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
         pol = self.policy

@@ -254,7 +254,8 @@ def test_unknown_decoder_and_setting_messages():
 def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
-    assert res["n_samples"] == 2 * 3 * 2 * 2 and len(res["samples"]) == res["n_samples"]
+    # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window)
+    assert res["n_samples"] == 2 * 3 * 2 * 3 and len(res["samples"]) == res["n_samples"]
     # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view)
     assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
                for s in res["samples"])
@@ -281,6 +282,19 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     with pytest.raises(Exception, match="does not exist"):
         get_decoder("aspire", calibration=str(tmp_path / "none.json")).generate(
             random_engine, make_requests()[:1], SamplingParams(), 1)
+
+
+def test_calibration_times_window_drafts(random_engine):
+    """The grid's window rows read MagicDec's sink + window view: a draft token, no refresh layer."""
+    from aspire_bench.decoders.calibration import calibrate
+    kw = {"batch_size": 2, "context": 1024, "drafts": (1,), "ratios": (1.0,), "repeats": 1, "warmup": False}
+    res = calibrate(random_engine, window=(4, 100), **kw)
+    rows = [r for s in res["samples"] for r in s[4]]
+    window = [r for r in rows if r[0] == 1 and r[1] < 256]
+    # at both lengths (256, 1024): 100 positions of the prefix and the row's own token; of them only
+    # the 4 sinks are scattered (the window is one run)
+    assert window and all((kv, sparse) == (101, 4) for _, kv, sparse in window)
+    assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
 
 
 def test_calibration_rounds_pool_point_by_point(random_engine):

@@ -279,3 +279,18 @@ def test_kv_pool_is_zeroed_independent_and_sized(dtype):
     cache.k[1, 0, 5] = 1.5
     assert cache.k.sum().item() == 1.5 * 16 and not cache.v.any()
     assert cache.bytes_per_position == 2 * 2 * 2 * 16 * cache.k.element_size()
+
+
+def test_scattered_positions_counts_the_positions_in_short_runs():
+    from aspire_bench.engine import SCATTERED_RUN, scattered_positions
+    long = torch.arange(100, 100 + SCATTERED_RUN)  # one run of exactly SCATTERED_RUN: streams
+    short = torch.arange(300, 300 + SCATTERED_RUN - 1)  # one shorter: scattered
+    singles = torch.tensor([5, 7, 9])
+    assert scattered_positions(long) == 0
+    assert scattered_positions(short) == SCATTERED_RUN - 1
+    assert scattered_positions(torch.cat((singles, long, short))) == 3 + SCATTERED_RUN - 1
+    assert scattered_positions(torch.tensor([], dtype=torch.long)) == 0
+    # one row per layer: each layer's runs on their own, even where one layer ends where the next begins
+    halves = torch.stack((torch.arange(0, SCATTERED_RUN // 2), torch.arange(SCATTERED_RUN // 2, SCATTERED_RUN)))
+    assert scattered_positions(halves) == SCATTERED_RUN
+    assert scattered_positions(torch.stack((long, long))) == 0
