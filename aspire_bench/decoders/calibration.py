@@ -100,7 +100,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
               repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True,
-              window: tuple[int, int] | None = WINDOW, back_to_back: bool = True) -> dict:
+              window: tuple[int, int] | None = WINDOW) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
     Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
@@ -128,14 +128,14 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
             pool[:, :, slot.base:slot.base + slot.capacity].uniform_(-2.0, 2.0, generator=kgen)
     r = engine.cfg.num_layers - 2
     lengths = sorted({min(context, max(engine.page_size, context // 4)), context})
-    views = [*ratios, *(["window"] if window else [])]
-    grid = [(length, n_verify, d, view) for length in lengths
-            for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for view in views]
+    draft_views = [*ratios, *(["window"] if window else [])]  # page ratios, then the sink + window view
+    grid = [(length, n_verify, d, kind) for length in lengths
+            for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for kind in draft_views]
     steps = []  # (length, rows) per grid point
-    for length, n_verify, d, ratio in grid:
+    for length, n_verify, d, kind in grid:
         n_pages = -(-length // engine.page_size)
-        budget = n_pages if ratio == "window" else page_budget(n_pages, ratio, 1)
-        win = streaming_positions(length, *window) if ratio == "window" else None
+        budget = n_pages if kind == "window" else page_budget(n_pages, kind, 1)
+        win = streaming_positions(length, *window) if kind == "window" else None
         rows = []
         for j, slot in enumerate(slots):
             if j < n_verify:
@@ -164,7 +164,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16
         rng.shuffle(order)
         for done, i in enumerate(order):
             length, rows = steps[i]
-            for _ in range(2 if back_to_back else 1):
+            for _ in range(2):
                 for slot in slots:
                     slot.length = length
                 wall, reads[i] = _time_step(engine, rows, gen)
