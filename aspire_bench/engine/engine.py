@@ -155,7 +155,7 @@ class Engine:
             full = row.full_layers
             meta.sparse = [None if layer in full else idx for layer in range(L)]
             meta.sparse_pos = [None if layer in full else pos for layer in range(L)]
-            scattered = scattered_positions(pos[:-row.n]) * sum(1 for layer in range(L) if layer not in full)
+            scattered = scattered_positions(pos[:-row.n]) * sum(m is not None for m in meta.sparse)
         if row.capture is not None:
             meta.capture_layers = frozenset(row.capture.layers)
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last

@@ -15,10 +15,10 @@ from dataclasses import fields
 from ..decoders import _REGISTRY, get_decoder
 from ..decoders.base import DECODE, DRAFT, VERIFY, Request
 from ..decoders.scheduler import CostModel
-from ..decoders.selection import token_budget
+from ..decoders.selection import streaming_positions, token_budget
 from ..decoders.sequence import Sequence
 from ..decoders.sync import lockstep
-from ..engine import SCATTERED_RUN
+from ..engine import SCATTERED_RUN, scattered_positions
 from ..errors import UserError
 
 __all__ = ["DECODE", "DRAFT", "VERIFY", "SimPolicy"]
@@ -75,16 +75,14 @@ class SimPolicy:
     def _sync_draft_kv(self, seq: Sequence) -> tuple[int, int]:
         """(KV read, of which scattered: see engine.scattered_positions) of a MagicDec or Vegas draft
         row, its own token included; a prefix within the budget is read in full, without a view.
-        MagicDec's view is two runs, of which only the sinks are short; Vegas's top-k tokens are
-        taken as scattered, the tokens since its selection as one run. Where selected positions
+        MagicDec's view is the one its policy builds, counted as the engine counts it; Vegas's top-k
+        tokens are taken as scattered, the tokens since its selection as one run. Where selected positions
         come together in long runs the engine counts fewer: an upper bound for Vegas (and for
         ASPIRE's AspirePolicy.draft_kv), exact for MagicDec."""
         prefix = seq.context_len - 1 + len(seq.pending)
         if self.draft_kind == "magicdec":
-            if prefix <= self.config.budget:
-                return prefix + 1, 0
-            sinks = self.config.sinks
-            return self.config.budget + 1, sinks if sinks < SCATTERED_RUN else 0
+            window = streaming_positions(prefix, self.config.sinks, self.config.budget)
+            return (prefix + 1, 0) if window is None else (self.config.budget + 1, scattered_positions(window))
         length = seq.extra["_sel_len"]  # Vegas: top-k of the KV at its last verification + every token since
         k = token_budget(length, self.config.ratio, self.config.min_tokens)
         if k >= length:
