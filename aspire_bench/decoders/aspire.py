@@ -73,6 +73,10 @@ class AspirePolicy(Policy):
         self.cost = cost
         self.layer = settings.refresh_layer % num_layers
         self.samples: list[tuple[float, float, float, float]] = []  # calibration=online: this run's steps
+        # Of the scattered positions draft_kv's upper bound assumed for this run's drafts, the share the
+        # engine counted (selected pages often lie side by side): the bound's factor in draft_kv.
+        self.scattered_counted, self.scattered_assumed = 0, 0
+        self._assumed: list[int | None] = []  # per plan of the current step: a draft's scattered bound
 
     @classmethod
     def for_run(cls, settings, engine, batch_size):
@@ -86,16 +90,21 @@ class AspirePolicy(Policy):
         return Capture((self.layer,), (0,), PAGE_MAX_SUM)
 
     def info(self):
-        return {"cost_model": self.cost.to_dict()}
+        return {"cost_model": self.cost.to_dict(), "draft_scattered_share": round(self.scattered_share, 4)}
+
+    @property
+    def scattered_share(self) -> float:
+        """Counted / assumed scattered positions of this run's drafts so far (1 before the first)."""
+        return self.scattered_counted / self.scattered_assumed if self.scattered_assumed else 1.0
 
     # --- when to verify --------------------------------------------------------------------------
-    def draft_kv(self, prefix: int) -> tuple[int, int]:
+    def draft_kv(self, prefix: int, share: float | None = None) -> tuple[int, int]:
         """(KV positions, of which scattered) a draft row over `prefix` positions reads per layer,
         averaged over layers as the engine counts them (what the cost model was fitted on): its page
         set (the most recent page partly filled) and its own token, and the whole prefix at the
-        refresh layer. Of the page set, the most recent pages are one run; the others are taken as
-        scattered (selected pages rarely come SCATTERED_RUN positions together). A budget covering
-        every page leaves the row without a view."""
+        refresh layer. Of the page set, the most recent pages are one run; of the others, at most all
+        are scattered: the bound times `share` (default: the share of it the engine counted in this
+        run's drafts so far, scattered_share). A budget covering every page leaves the row without a view."""
         n_pages = -(-prefix // self.page_size)
         budget = page_budget(n_pages, self.settings.ratio, self.settings.min_pages)
         if budget >= n_pages:
@@ -103,11 +112,12 @@ class AspirePolicy(Policy):
         unfilled = n_pages * self.page_size - prefix  # of the most recent page
         viewed = budget * self.page_size - unfilled
         recent = min(self.settings.recent_pages, budget) * self.page_size - unfilled
-        scattered = viewed - (recent if recent >= SCATTERED_RUN else 0)
+        bound = viewed - (recent if recent >= SCATTERED_RUN else 0)
+        scattered = bound * (self.scattered_share if share is None else share)
         pages = viewed + 1  # and the row's own token
         L = self.num_layers
         if not self.settings.refresh:
-            return pages, scattered
+            return pages, round(scattered)
         return round(((L - 1) * pages + prefix + 1) / L), round((L - 1) * scattered / L)
 
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
@@ -140,17 +150,20 @@ class AspirePolicy(Policy):
 
     # --- the two verbs ----------------------------------------------------------------------------
     def plan(self, seqs, batch):
-        r, plans = self.layer, []
+        r, plans, self._assumed = self.layer, [], []
         for seq in seqs:
             if self.should_verify(seq, batch):
                 if self.settings.policy == "adaptive":
                     seq.state.c = self.cost_ratio(seq, batch)
                 plans.append(Plan(seq, VERIFY, capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
+                self._assumed.append(None)
                 continue
-            n_pages = -(-(seq.context_len - 1 + len(seq.pending)) // self.page_size)
+            prefix = seq.context_len - 1 + len(seq.pending)
+            n_pages = -(-prefix // self.page_size)
             pages = select_pages(seq.state.scores, n_pages, page_budget(n_pages, self.settings.ratio,
                                  self.settings.min_pages), self.settings.recent_pages)
             view = None if pages is None else PageView(pages)
+            self._assumed.append(self.draft_kv(prefix, share=1.0)[1])  # 0 without a view
             if self.settings.refresh:
                 plans.append(Plan(seq, DRAFT, view, frozenset({r}), Capture((r,), (0,), PAGE_MAX_SUM)))
             else:
@@ -167,12 +180,22 @@ class AspirePolicy(Policy):
         if s.policy == "fsm":  # +1 when all drafts were accepted, -1 otherwise
             st.target = max(1, min(s.d_max, st.target + (1 if accepted >= drafted else -1)))
 
+    def count_scattered(self, rows, assumed) -> None:
+        """Adds the scattered positions the engine counted for a step's draft rows, and what draft_kv's
+        bound assumed for each (`assumed`: per row, in plan order; None for a verify row)."""
+        for row, bound in zip(rows, assumed, strict=True):
+            if bound is not None and row.kind == DRAFT:
+                self.scattered_counted += row.kv_sparse
+                self.scattered_assumed += bound
+
     def scores(self, seq, scores):
         if scores.get(self.layer) is not None:
             seq.state.scores = scores[self.layer]
 
     def step_done(self, trace):
-        """calibration=online only: refit the cost model from this run's own steps (timing-dependent)."""
+        """Counts the step's draft reads (count_scattered); calibration=online: refits the cost model
+        from this run's own steps (timing-dependent)."""
+        self.count_scattered(trace.rows, self._assumed)
         if self.settings.calibration != "online":
             return
         per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse) for rw in trace.rows]

@@ -10,6 +10,7 @@ without building the sparse views themselves (no attention scores exist in a sim
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import fields
 
 from ..decoders import _REGISTRY, get_decoder
@@ -27,7 +28,10 @@ DRAFT_KINDS = {"ARDecoder": None, "MagicDecDecoder": "magicdec", "VegasDecoder":
 
 class SimPolicy:
     def __init__(self, name: str, stored: dict | None = None, cost: CostModel | None = None, page_size: int = 16,
-                 num_layers: int = 0):
+                 num_layers: int = 0, draft_scattered: dict[str, list[int]] | None = None):
+        """`draft_scattered`: per request, the scattered positions the engine counted for each of its
+        draft rows in a stored run, in order (ASPIRE: without attention scores there are no pages to
+        count; beyond them, or without them, a draft is priced as its policy prices it, draft_kv)."""
         if name not in _REGISTRY:
             raise UserError(f"unknown decoder {name!r}: choose one of {', '.join(_REGISTRY)}")
         cls = _REGISTRY[name][1]
@@ -48,6 +52,8 @@ class SimPolicy:
         else:
             self.policy = dec.Policy(dec.config, page_size, num_layers)
         self.scheduler_cost = cost if self.draft_kind == "aspire" else None
+        self._scattered = {rid: deque(counts) for rid, counts in (draft_scattered or {}).items()}
+        self._assumed: list[int | None] = []  # ASPIRE: per row of the step, a draft's scattered bound
 
     def new_sequence(self, index: int, rid: str, prompt_len: int, max_new: int) -> Sequence:
         # range: a prompt of prompt_len tokens without holding them (only its length is read)
@@ -62,6 +68,7 @@ class SimPolicy:
         if self.draft_kind is None:
             return [(DECODE, 1, s.context_len, 0) for s in seqs]
         if self.draft_kind == "aspire":
+            self._assumed = []
             return [self._aspire_row(s, batch) for s in seqs]
         plans, self.policy.cycle = lockstep(seqs, self.config.gamma, self.policy.cycle, lambda s, p: None)
         kinds = {id(p.seq): p.kind for p in plans}
@@ -77,8 +84,8 @@ class SimPolicy:
         row, its own token included; a prefix within the budget is read in full, without a view.
         MagicDec's view is the one its policy builds, counted as the engine counts it; Vegas's top-k
         tokens are taken as scattered, the tokens since its selection as one run. Where selected positions
-        come together in long runs the engine counts fewer: an upper bound for Vegas (and for
-        ASPIRE's AspirePolicy.draft_kv), exact for MagicDec."""
+        come together in long runs the engine counts fewer: an upper bound for Vegas, exact for
+        MagicDec. (ASPIRE's draft rows: _aspire_row.)"""
         prefix = seq.context_len - 1 + len(seq.pending)
         if self.draft_kind == "magicdec":
             window = streaming_positions(prefix, self.config.sinks, self.config.budget)
@@ -95,8 +102,18 @@ class SimPolicy:
         if pol.should_verify(seq, batch):
             if self.config.policy == "adaptive":
                 seq.state.c = pol.cost_ratio(seq, batch)  # as AspirePolicy.plan records it
+            self._assumed.append(None)
             return self._verify(seq)
-        return (DRAFT, 1, *pol.draft_kv(seq.context_len - 1 + len(seq.pending)))
+        prefix = seq.context_len - 1 + len(seq.pending)
+        kv, scattered = pol.draft_kv(prefix)
+        counted = self._scattered.get(seq.req.id)
+        self._assumed.append(pol.draft_kv(prefix, share=1.0)[1])
+        return DRAFT, 1, kv, counted.popleft() if counted else scattered
+
+    def step_done(self, trace) -> None:
+        """ASPIRE: its policy counts the step's draft reads, as after an engine step (count_scattered)."""
+        if self.draft_kind == "aspire":
+            self.policy.count_scattered(trace.rows, self._assumed)
 
     def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.policy.observe(seq, drafted, accepted)

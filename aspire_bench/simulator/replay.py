@@ -77,6 +77,7 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
             else:
                 trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv, kv_sparse=sparse))
         steps.append(trace)
+        policy.step_done(trace)
         for seq in [s for s in active if finished(s)]:
             active.remove(seq)
             done[seq.req.id] = seq

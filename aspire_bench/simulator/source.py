@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from ..decoders.base import DRAFT
 from ..decoders.scheduler import CostModel, fit_problem
 from ..errors import UserError
 from ..harness import records
@@ -100,7 +101,12 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
         cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
         sched_cost = (CostModel.from_dict(cm, str(cm.get("source"))) if cm else
                       cost.scheduler_model(batch, max(r.prompt_len for r in record.requests)))
-    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers)
+    drafts = defaultdict(list)  # per request, the scattered positions each of its draft rows read
+    for step in record.steps:
+        for row in step.rows:
+            if row[1] == DRAFT:
+                drafts[row[0]].append(row[7])
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts)
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
     out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)

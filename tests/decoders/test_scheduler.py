@@ -12,6 +12,7 @@ import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
+from aspire_bench.decoders.base import RowTrace, StepTrace
 from aspire_bench.decoders.calibration import calibration_path
 from aspire_bench.decoders.scheduler import (
     MIN_R2,
@@ -301,6 +302,44 @@ def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
     assert scattered.cost_ratio(seq, 8) > plain.cost_ratio(seq, 8)
     whole = AspirePolicy(AspireSettings(refresh=refresh, ratio=1.0), engine.page_size, engine.cfg.num_layers)
     assert whole.draft_kv(seq.context_len - 1) == (seq.context_len, 0)
+
+
+@pytest.mark.parametrize("side_by_side", [True, False])
+def test_drafts_are_priced_at_the_scattered_share_the_engine_counted(engine, side_by_side):
+    """draft_kv's bound takes every page of a draft's set as scattered (the recent one is a run of 16
+    here); the policy counts what the engine read for its drafts and prices the next draft at that
+    share of the bound: below 1 when the selected pages lie side by side (one run of 80 positions),
+    1 when no two do."""
+    settings = AspireSettings(min_pages=6, recent_pages=1)
+    cost = CostModel(2e-3, 1e-4, 1e-7, beta_sparse=1e-7)
+    policy = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers, cost)
+    req = requests(n=1)[0]
+    engine.reserve(512)
+    slot = engine.alloc(400)
+    try:
+        engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
+        seq = Sequence(0, req, slot, None, out=[req.prompt_ids[-1]], state=policy.new_state())
+        seq.req = Request("x", req.prompt_ids[:-1], 24)
+        seq.state.scores = torch.zeros(-(-len(req.prompt_ids) // engine.page_size))
+        seq.state.scores[[2, 3, 4, 5, 6] if side_by_side else [0, 2, 4, 6, 8]] = 1.0
+        prefix, before = seq.context_len - 1, policy.cost_ratio(seq, 8)
+        (plan,) = policy.plan([seq], 1)
+        assert plan.kind == "draft" and plan.view.pages.tolist()[:5] == ([2, 3, 4, 5, 6] if side_by_side
+                                                                        else [0, 2, 4, 6, 8])
+        out = engine.forward([Row(slot, [seq.out[-1]], prefix, view=plan.view, full_layers=plan.full_layers)])
+    finally:
+        engine.free(slot)
+    bound = policy.draft_kv(prefix, share=1.0)[1]
+    assert policy.scattered_share == 1.0 and policy.draft_kv(prefix)[1] == bound  # nothing counted yet
+    policy.step_done(StepTrace(0, 0.0, 1.0, [RowTrace("x", "draft", 1, kv_read=out.kv_read[0],
+                                                      kv_sparse=out.kv_sparse[0])]))
+    assert (policy.scattered_counted, policy.scattered_assumed) == (out.kv_sparse[0], bound)
+    if side_by_side:  # only the recent page's positions are read in a short run
+        assert 0 < policy.scattered_share < 0.5
+        assert policy.draft_kv(prefix)[1] < bound and policy.cost_ratio(seq, 8) < before
+    else:
+        assert policy.scattered_share == 1.0 and policy.cost_ratio(seq, 8) == before
+    assert policy.info()["draft_scattered_share"] == round(policy.scattered_share, 4)
 
 
 def test_papercost_uses_the_paper_fit_of_a_good_calibration_however_it_misfits(engine, tmp_path, seed):
