@@ -22,13 +22,22 @@
 
 namespace {
 
-// Explicit SIMD through GCC (>= 12) / Clang vector extensions: 16 floats, one AVX-512 register (two
-// AVX2 ones).
-constexpr int VL = 16;
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+// Explicit SIMD through GCC (>= 12) / Clang vector extensions, one vector per register: 16 floats on
+// AVX-512, else 8 (AVX2; two registers elsewhere). A vector wider than the registers is split by the
+// compiler, and the tiles below, sized for 32 registers of 16, then spill (an AVX2 machine ran 3-7x
+// slower).
+#if defined(__AVX512F__)
+#define ASPIRE_VL 16
+#else
+#define ASPIRE_VL 8
+#endif
+constexpr int VL = ASPIRE_VL;
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
 constexpr int BK = 64;  // keys per block: the block's K (transposed), scores and V rows stay in L1
 constexpr int NB = BK / VL;
+constexpr int MAXND = 256 / VL;  // vectors per row of the largest head dim
+constexpr int TILE = 16;  // accumulator vectors a register tile may hold (half of AVX-512's, all of AVX2's)
 constexpr float LOG2E = 1.4426950408889634f;
 
 // Keys rounded up to whole blocks: the length of a captured token's score row.
@@ -36,33 +45,52 @@ inline int64_t padded(int64_t L) { return (L + BK - 1) / BK * BK; }
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline vf splat(float x) { return vf{} + x; }
+
+// In-register shuffles in stages that stay within 128-bit lanes or move whole ones (unpack of
+// floats, of float pairs, then 128-bit lane selects), the cheap ones on AVX-512 and AVX2 (~1/cycle)
+// where a shuffle across lanes element by element is not. lanes_lo / lanes_hi: the even / odd
+// 128-bit lanes of a, then those of b.
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#if ASPIRE_VL == 16
+inline vf unpack_lo(vf a, vf b) { return SHUF(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29); }
+inline vf unpack_hi(vf a, vf b) { return SHUF(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31); }
+inline vf pairs_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); }
+inline vf pairs_hi(vf a, vf b) { return SHUF(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); }
+inline vf lanes_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27); }
+inline vf lanes_hi(vf a, vf b) { return SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31); }
+#else
+inline vf unpack_lo(vf a, vf b) { return SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13); }
+inline vf unpack_hi(vf a, vf b) { return SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15); }
+inline vf pairs_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 8, 9, 4, 5, 12, 13); }
+inline vf pairs_hi(vf a, vf b) { return SHUF(a, b, 2, 3, 10, 11, 6, 7, 14, 15); }
+inline vf lanes_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11); }
+inline vf lanes_hi(vf a, vf b) { return SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15); }
+#endif
+#undef SHUF
+
 // Horizontal max / sum: a log-tree of in-register shuffles.
 template <class Op>
 inline float hreduce(vf x, Op op) {
-  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+#define SWAP(...) op(x, __builtin_shufflevector(x, x, __VA_ARGS__))
+#if ASPIRE_VL == 16
+  x = SWAP(8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  x = SWAP(4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  x = SWAP(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  x = SWAP(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#else
+  x = SWAP(4, 5, 6, 7, 0, 1, 2, 3);
+  x = SWAP(2, 3, 0, 1, 6, 7, 4, 5);
+  x = SWAP(1, 0, 3, 2, 5, 4, 7, 6);
+#endif
+#undef SWAP
   return x[0];
 }
 inline float hmax(vf x) { return hreduce(x, [](vf a, vf b) { return a > b ? a : b; }); }
 inline float hsum(vf x) { return hreduce(x, [](vf a, vf b) { return a + b; }); }
 
-// 16x16 transpose in registers and its summing variant, in four stages of two-source shuffles
-// that stay within 128-bit lanes or move whole ones (unpack of floats, of float pairs, then 128-bit
-// lane selects), the cheap shuffles on AVX-512 (~1/cycle) where a shuffle across lanes element by
-// element is not.
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-inline vf unpack_lo(vf a, vf b) { return SHUF(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29); }
-inline vf unpack_hi(vf a, vf b) { return SHUF(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31); }
-inline vf pairs_lo(vf a, vf b) { return SHUF(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29); }
-inline vf pairs_hi(vf a, vf b) { return SHUF(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); }
-inline vf lanes02(vf a, vf b) { return SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27); }
-inline vf lanes13(vf a, vf b) { return SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31); }
-#undef SHUF
-
-inline void transpose16(vf* r) {
+// VL x VL transpose in registers: within-lane 4x4 transposes (two stages), then lane selects.
+inline void transpose(vf* r) {
   vf t[VL];
   for (int i = 0; i < VL; i += 2) {
     t[i] = unpack_lo(r[i], r[i + 1]);
@@ -74,25 +102,37 @@ inline void transpose16(vf* r) {
     r[g + 2] = pairs_lo(t[g + 1], t[g + 3]);
     r[g + 3] = pairs_hi(t[g + 1], t[g + 3]);
   }
+#if ASPIRE_VL == 16
   for (int g = 0; g < VL; g += 8)
     for (int i = 0; i < 4; ++i) {
-      t[g + i] = lanes02(r[g + i], r[g + i + 4]);
-      t[g + i + 4] = lanes13(r[g + i], r[g + i + 4]);
+      t[g + i] = lanes_lo(r[g + i], r[g + i + 4]);
+      t[g + i + 4] = lanes_hi(r[g + i], r[g + i + 4]);
     }
   for (int i = 0; i < 8; ++i) {
-    r[i] = lanes02(t[i], t[i + 8]);
-    r[i + 8] = lanes13(t[i], t[i + 8]);
+    r[i] = lanes_lo(t[i], t[i + 8]);
+    r[i + 8] = lanes_hi(t[i], t[i + 8]);
   }
+#else
+  for (int i = 0; i < 4; ++i) {
+    t[i] = lanes_lo(r[i], r[i + 4]);
+    t[i + 4] = lanes_hi(r[i], r[i + 4]);
+  }
+  for (int i = 0; i < VL; ++i) r[i] = t[i];
+#endif
 }
 
 // Lane t of the result: the sum of r[t]'s lanes (r is overwritten). The transpose's stages with each
-// pair's two halves added instead of kept: 30 shuffles where a transpose takes 64.
-inline vf hsum16(vf* r) {
-  for (int i = 0; i < 8; ++i) r[i] = unpack_lo(r[2 * i], r[2 * i + 1]) + unpack_hi(r[2 * i], r[2 * i + 1]);
-  for (int i = 0; i < 4; ++i) r[i] = pairs_lo(r[2 * i], r[2 * i + 1]) + pairs_hi(r[2 * i], r[2 * i + 1]);
-  for (int i = 0; i < 2; ++i) r[i] = lanes02(r[2 * i], r[2 * i + 1]) + lanes13(r[2 * i], r[2 * i + 1]);
-  return lanes02(r[0], r[1]) + lanes13(r[0], r[1]);
+// pair's two halves added instead of kept: 30 shuffles where a transpose takes 64 (VL 16; 14 and 24
+// for VL 8).
+inline vf hsum_rows(vf* r) {
+  for (int i = 0; i < VL / 2; ++i) r[i] = unpack_lo(r[2 * i], r[2 * i + 1]) + unpack_hi(r[2 * i], r[2 * i + 1]);
+  for (int i = 0; i < VL / 4; ++i) r[i] = pairs_lo(r[2 * i], r[2 * i + 1]) + pairs_hi(r[2 * i], r[2 * i + 1]);
+#if ASPIRE_VL == 16
+  for (int i = 0; i < 2; ++i) r[i] = lanes_lo(r[2 * i], r[2 * i + 1]) + lanes_hi(r[2 * i], r[2 * i + 1]);
+#endif
+  return lanes_lo(r[0], r[1]) + lanes_hi(r[0], r[1]);
 }
+constexpr int HSUM_SHUFFLES = VL == 16 ? 30 : 14, TRANSPOSE_SHUFFLES = VL == 16 ? 64 : 24;
 
 // 2^x for x <= 0; x < -126 (including -inf, a masked key) gives exactly 0. Relative error ~2e-7.
 inline vf exp2_neg(vf x) {
@@ -142,9 +182,9 @@ struct State {
 // the next loads are in flight during the arithmetic instead of after it.
 //
 // Scores two ways. Transposed (DOT false): the K block transposed once, then each dimension's keys
-// times a broadcast query element, 16 keys per vector: the transposition is shared by all queries.
+// times a broadcast query element, VL keys per vector: the transposition is shared by all queries.
 // Dot (DOT true): per query and key the product of the K row with the query summed across its lanes,
-// 16 keys folded at once (hsum16): no transposition, 30 shuffles per 16 keys and query. Cheaper when
+// VL keys folded at once (hsum_rows): no transposition, 30 shuffles per 16 keys and query. Cheaper when
 // a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot.
 template <int ND, int QB, bool DOT>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
@@ -157,7 +197,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   const int64_t kper = (st.npf + st.groups * D - 1) / (st.groups * D);
   if constexpr (DOT) {
     for (int u = 0; u < QB; ++u) {
-      vf qv[ND > 0 ? ND : 16];
+      vf qv[ND > 0 ? ND : MAXND];
       for (int64_t c = 0; c < nd; ++c) qv[c] = load(st.qs + (q0 + u) * D + c * VL);
       for (int b = 0; b < NB; ++b) {
         if (b * VL >= st.jb && u > 0) break;  // past the block's end: masked below
@@ -171,7 +211,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
             for (int64_t c = 0; c < nd; ++c) acc += qv[c] * load(st.krow[jj] + c * VL);
           r[t] = acc;
         }
-        s[u][b] = hsum16(r);
+        s[u][b] = hsum_rows(r);
       }
     }
   }
@@ -220,7 +260,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
     st.l[qi] = st.l[qi] * corr[u] + hsum(sum);
   }
   // acc = acc * corr + sum_j p_j V_j, accumulators in registers over the block
-  vf av[QB][ND > 0 ? ND : 16];
+  vf av[QB][ND > 0 ? ND : MAXND];
   for (int u = 0; u < QB; ++u)
     for (int64_t c = 0; c < nd; ++c) {
       av[u][c] = load(st.acc + (q0 + u) * D + c * VL);
@@ -240,7 +280,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
     for (int64_t c = 0; c < nd; ++c) store(st.acc + (q0 + u) * D + c * VL, av[u][c]);
 }
 
-// Queries in groups of QMAX (4 where the accumulators fit in registers), the rest in one group of
+// Queries in groups of QMAX (query_group), the rest in one group of
 // exactly the remaining count: no query is padded.
 template <int ND, int QMAX, bool DOT>
 inline void run_groups(const Item& it, State& st, int64_t nq) {
@@ -255,16 +295,22 @@ inline void run_groups(const Item& it, State& st, int64_t nq) {
   }
 }
 
-// Scores by dot products (no transposition) when the folds they take, 30 shuffles per 16 keys and
-// query, are fewer than the transposition's 64 per 16 keys and 16 dimensions, with a margin of 16
-// measured at the edges: at head dim 32, 4 queries are 10% cheaper transposed; at head dim 128, 16
-// queries 11% cheaper by dot products.
-inline bool use_dot(int64_t nq, int64_t D) { return 30 * nq + 16 < 64 * (D / VL); }
+// Scores by dot products (no transposition) when the folds they take (HSUM_SHUFFLES per VL keys and
+// query) are fewer than the transposition's (TRANSPOSE_SHUFFLES per VL keys and VL dimensions), with
+// a margin of one VL measured at the edges on AVX-512: at head dim 32, 4 queries are 10% cheaper
+// transposed; at head dim 128, 16 queries 11% cheaper by dot products.
+inline bool use_dot(int64_t nq, int64_t D) { return HSUM_SHUFFLES * nq + VL < TRANSPOSE_SHUFFLES * (D / VL); }
+
+// Queries per group: the most (4, 2 or 1) whose scores (QB x NB vectors) and accumulators (QB x ND)
+// both fit a register tile.
+constexpr int query_group(int nd) {
+  return nd == 0 ? 1 : 4 * NB <= TILE && 4 * nd <= TILE ? 4 : 2 * NB <= TILE && 2 * nd <= TILE ? 2 : 1;
+}
 
 template <int ND>
 void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
-  constexpr int QMAX = ND == 0 ? 1 : ND <= 4 ? 4 : 2;
+  constexpr int QMAX = query_group(ND);
   const int64_t D = it.D, nq = it.nq, n = it.n;
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(D * BK);
   State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
@@ -307,7 +353,7 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
             const int64_t jj = kb * VL + t;
             r[t] = jj < st.jb ? load(st.krow[jj] + c * VL) : vf{};  // past the end: zeros, masked
           }
-          transpose16(r);
+          transpose(r);
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
     if (dot)
