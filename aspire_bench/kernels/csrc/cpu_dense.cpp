@@ -11,7 +11,7 @@
 //
 // GEMMs: weights are prepacked (by the Python side) into panels of 32 output columns stored k-major,
 // P[panel][k][32], zero-padded; gate and up share a panel (16 columns each) so the MLP's activation is
-// the GEMM's epilogue. The micro-kernel keeps MR <= 8 tokens x 32 columns in 16 accumulators and
+// the GEMM's epilogue. The micro-kernel keeps MR <= 8 tokens x 32 columns in register tiles and
 // sums over k in order with FMAs, so a token's result does not depend on how many tokens share the
 // call (batch-invariant). Work items are (panel, block of 8 tokens), split statically over threads.
 //
@@ -28,16 +28,28 @@
 
 namespace {
 
-constexpr int VL = 16;
-constexpr int NR = 32;  // output columns per panel: two vectors
-constexpr int MR = 8;   // tokens per micro-kernel call
-typedef float vf __attribute__((vector_size(64)));
+// One vector per register: 16 floats on AVX-512, else 8 (AVX2), as in the attention kernel.
+#if defined(__AVX512F__)
+#define ASPIRE_VL 16
+#else
+#define ASPIRE_VL 8
+#endif
+constexpr int VL = ASPIRE_VL;
+constexpr int NR = 32;        // output columns per panel (the packing's layout)
+constexpr int NV = NR / VL;   // vectors per panel row
+constexpr int HALF = NR / 2;  // SWIGLU: the gate's (and the up's) columns per panel
+constexpr int MR = 8;         // tokens per work item
+// The micro-kernel's register tile: MT tokens x CP vectors of accumulators, with CP vectors of the
+// panel and a broadcast token element (AVX-512: 8 x 2 of 32 registers; AVX2: 6 x 2 of 16).
+constexpr int CP = 2;
+constexpr int MT = VL == 16 ? 8 : 6;
+typedef float vf __attribute__((vector_size(VL * 4)));
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline vf splat(float x) { return vf{} + x; }
 
-typedef int32_t vi __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
 // 2^x, x clamped to [-126, 126] (exactly 0 below -126). Relative error ~2e-7.
 inline vf exp2v(vf x) {
@@ -63,23 +75,32 @@ inline vf exp2v(vf x) {
 // silu(g) * u = g / (1 + e^-g) * u.
 inline vf swiglu(vf g, vf u) { return g / (1.f + exp2v(g * -1.4426950408889634f)) * u; }
 
-// acc[m][0..1] = x[m, :K] . P[:, 0..31] for m < M (M <= MR), k in order.
-template <int M>
-inline void micro(const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[2]) {
-  vf a[M][2];
-  for (int m = 0; m < M; ++m) a[m][0] = a[m][1] = splat(0.f);
+// acc[m][c] = x[m, :K] . P[:, c*VL : (c+1)*VL] for m < T, CP vectors from c0; k in order.
+template <int T>
+inline void tile(const float* x, int64_t ldx, const float* P, int64_t K, int c0, vf (*acc)[NV]) {
+  vf a[T][CP] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const vf b0 = load(P + k * NR), b1 = load(P + k * NR + VL);
-    for (int m = 0; m < M; ++m) {
+    vf b[CP];
+    for (int c = 0; c < CP; ++c) b[c] = load(P + k * NR + (c0 + c) * VL);
+    for (int m = 0; m < T; ++m) {
       const vf s = splat(x[m * ldx + k]);
-      a[m][0] += s * b0;
-      a[m][1] += s * b1;
+      for (int c = 0; c < CP; ++c) a[m][c] += s * b[c];
     }
   }
-  for (int m = 0; m < M; ++m) acc[m][0] = a[m][0], acc[m][1] = a[m][1];
+  for (int m = 0; m < T; ++m)
+    for (int c = 0; c < CP; ++c) acc[m][c0 + c] = a[m][c];
 }
 
-inline void micro_any(int M, const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[2]) {
+// acc[m][:] = x[m, :K] . P[:, 0..31] for m < M (M <= MR), in register tiles; each token's sums run
+// over k in order whatever the tiling, so its result does not depend on the tokens beside it.
+template <int M>
+inline void micro(const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[NV]) {
+  constexpr int T = M < MT ? M : MT;
+  for (int c0 = 0; c0 < NV; c0 += CP) tile<T>(x, ldx, P, K, c0, acc);
+  if constexpr (M > MT) micro<M - MT>(x + MT * ldx, ldx, P, K, acc + MT);
+}
+
+inline void micro_any(int M, const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[NV]) {
   switch (M) {
     case 8: micro<8>(x, ldx, P, K, acc); break;
     case 7: micro<7>(x, ldx, P, K, acc); break;
@@ -99,28 +120,27 @@ enum Epilogue { STORE, ADD, SWIGLU };
 // like the panels. Runs inside a parallel region (an `omp for` with its closing barrier).
 void gemm(const float* x, int64_t T, int64_t K, const float* P, const float* b, int64_t N, float* y,
           int64_t ldy, Epilogue ep) {
-  const int64_t width = ep == SWIGLU ? VL : NR;  // output columns per panel
+  const int64_t width = ep == SWIGLU ? HALF : NR;  // output columns per panel
   const int64_t np = (N + width - 1) / width, nb = (T + MR - 1) / MR;
 #pragma omp for schedule(static)
   for (int64_t item = 0; item < np * nb; ++item) {
     const int64_t p = item / nb, t0 = (item % nb) * MR;
     const int M = static_cast<int>(T - t0 < MR ? T - t0 : MR);
-    vf acc[MR][2];
+    vf acc[MR][NV];
     micro_any(M, x + t0 * K, K, P + p * K * NR, K, acc);
     const int64_t c0 = p * width, cols = N - c0 < width ? N - c0 : width;
-    if (b) {
-      const vf b0 = load(b + p * NR), b1 = load(b + p * NR + VL);
-      for (int m = 0; m < M; ++m) acc[m][0] += b0, acc[m][1] += b1;
-    }
+    if (b)
+      for (int c = 0; c < NV; ++c) {
+        const vf bc = load(b + p * NR + c * VL);
+        for (int m = 0; m < M; ++m) acc[m][c] += bc;
+      }
     for (int m = 0; m < M; ++m) {
       float* yr = y + (t0 + m) * ldy + c0;
       alignas(64) float out[NR];
-      if (ep == SWIGLU) {
-        store(out, swiglu(acc[m][0], acc[m][1]));
-      } else {
-        store(out, acc[m][0]);
-        store(out + VL, acc[m][1]);
-      }
+      if (ep == SWIGLU)
+        for (int c = 0; c < NV / 2; ++c) store(out + c * VL, swiglu(acc[m][c], acc[m][c + NV / 2]));
+      else
+        for (int c = 0; c < NV; ++c) store(out + c * VL, acc[m][c]);
       if (ep == ADD)
         for (int64_t j = 0; j < cols; ++j) yr[j] += out[j];
       else
@@ -177,7 +197,7 @@ extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64
                                   int num_threads) {
   const Dims dm{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
   if (dm.d % 2) return 1;
-  const int64_t H = dm.hq + 2 * dm.hkv, nqkv = H * dm.d, inter_p = (dm.inter + VL - 1) / VL * VL;
+  const int64_t H = dm.hq + 2 * dm.hkv, nqkv = H * dm.d, inter_p = (dm.inter + HALF - 1) / HALF * HALF;
   std::vector<float> h(T * (dm.hidden > inter_p ? dm.hidden : inter_p));
   std::vector<float> big(T * (nqkv > inter_p ? nqkv : inter_p));
   auto ptr = [](const int64_t* l, int i) { return reinterpret_cast<const float*>(l[i]); };
