@@ -210,6 +210,7 @@ def capture_environment() -> dict:
         "platform": platform.platform(),
         "aspire_bench": aspire_bench.__version__,
         "cpu": cpu_model(),
+        **cpu_details(),
         "cpu_count": os.cpu_count(),
         **_torch_info(),
         "transformers": _version("transformers"),
@@ -246,6 +247,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+SIMD_FLAGS = ("avx512f", "avx2", "asimd")  # the widest a machine has, in /proc/cpuinfo's flags
+
+
+def cpu_details() -> dict:
+    """CPU family and model numbers and the widest SIMD extension: machines sold under one model name
+    ("AMD EPYC") differ in both, and the compiled kernels' speed follows the SIMD width."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key in ("cpu family", "model", "flags", "Features") and key not in info:
+                info[key] = value
+    except OSError:
+        pass
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    return {"cpu_family_model": f"{info['cpu family']}/{info['model']}" if "cpu family" in info else None,
+            "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None)}
 
 
 def _git_revision(repo: Path) -> dict:

@@ -49,8 +49,13 @@ def _open(path: Path) -> ctypes.CDLL:
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.aspire_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
     lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-    lib.aspire_attention.restype = lib.aspire_reduce_scores.restype = ctypes.c_int
+    lib.aspire_attention.restype = lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = ctypes.c_int
     return lib
+
+
+def vector_width() -> int:
+    """Floats per SIMD vector of this machine's build: 16 with AVX-512, else 8 (one register each)."""
+    return int(load_library().aspire_vector_width())
 
 
 def load_library() -> ctypes.CDLL:

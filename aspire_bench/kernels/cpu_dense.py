@@ -47,7 +47,7 @@ def _open(path: Path) -> ctypes.CDLL:
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
     lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
-    lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = ctypes.c_int
+    lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = lib.aspire_dense_vector_width.restype = ctypes.c_int
     return lib
 
 

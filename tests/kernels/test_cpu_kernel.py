@@ -312,3 +312,16 @@ def test_load_failure_is_a_clear_error_and_auto_warns_once(cache, monkeypatch):
         warnings.simplefilter("always")
         assert get_backend("auto", "cpu").name == "torch"
     assert len(caught) == 1 and "falling back to the torch attention backend" in str(caught[0].message)
+
+
+def test_the_kernels_use_one_vector_per_register_and_runs_record_the_simd():
+    """16 floats per vector where the CPU has AVX-512, 8 otherwise: a vector wider than the registers
+    is split by the compiler and the kernels' register tiles spill (3-7x slower on an AVX2 machine)."""
+    from aspire_bench.harness.records import capture_environment
+    from aspire_bench.kernels import cpu_dense
+    env = capture_environment()
+    if env["cpu_simd"] is None:
+        pytest.skip("no SIMD flags in /proc/cpuinfo on this machine")
+    expected = 16 if env["cpu_simd"] == "avx512f" else 8
+    assert cpu_attention.vector_width() == expected
+    assert cpu_dense.load_library().aspire_dense_vector_width() == expected

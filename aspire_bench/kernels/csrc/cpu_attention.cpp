@@ -436,6 +436,9 @@ void reduce_chunk(const float* sbuf, const float* lse, const int64_t* crow, cons
 
 }  // namespace
 
+// Floats per vector this build uses (what a benchmark records beside its figures).
+extern "C" int aspire_vector_width() { return VL; }
+
 constexpr int64_t MIN_CHUNK = 1024;  // keys: below this a split costs more in merging than it gains
 
 extern "C" int aspire_attention(const float* q, const float* k, const float* v, float* out,

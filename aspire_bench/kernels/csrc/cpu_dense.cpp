@@ -191,6 +191,9 @@ inline void norm_rope(const float* in, const float* w, const float* cs, const fl
 
 }  // namespace
 
+// Floats per vector this build uses.
+extern "C" int aspire_dense_vector_width() { return VL; }
+
 extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, const int64_t* dims,
                                   float eps, float* x, const float* attn, float* q, float* kpool, float* vpool,
                                   const int64_t* dest, const float* cos, const float* sin, int64_t T,
