@@ -45,7 +45,11 @@ inline int64_t padded(int64_t L) { return (L + BK - 1) / BK * BK; }
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vf splat(float x) { return vf{} + x; }
+#if ASPIRE_VL == 16
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#else
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
+#endif
 
 // In-register shuffles in stages that stay within 128-bit lanes or move whole ones (unpack of
 // floats, of float pairs, then 128-bit lane selects), the cheap ones on AVX-512 and AVX2 (~1/cycle)

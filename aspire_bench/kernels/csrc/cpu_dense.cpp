@@ -47,7 +47,11 @@ typedef float vf __attribute__((vector_size(VL * 4)));
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vf splat(float x) { return vf{} + x; }
+#if ASPIRE_VL == 16
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#else
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
+#endif
 
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
