@@ -105,10 +105,10 @@ class SimPolicy:
             self._assumed.append(None)
             return self._verify(seq)
         prefix = seq.context_len - 1 + len(seq.pending)
-        kv, scattered = pol.draft_kv(prefix)
+        kv, bound = pol.draft_kv(prefix, share=1.0)
+        self._assumed.append(bound)
         counted = self._scattered.get(seq.req.id)
-        self._assumed.append(pol.draft_kv(prefix, share=1.0)[1])
-        return DRAFT, 1, kv, counted.popleft() if counted else scattered
+        return DRAFT, 1, kv, counted.popleft() if counted else pol.draft_kv(prefix)[1]
 
     def step_done(self, trace) -> None:
         """ASPIRE: its policy counts the step's draft reads, as after an engine step (count_scattered)."""

@@ -272,27 +272,33 @@ def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
     assert exact.beta0 == pytest.approx(1e-3) and exact.beta_attn == pytest.approx(2e-7)  # unconstrained when >= 0
 
 
+def prefilled(engine, policy) -> Sequence:
+    """A request of 199 prompt tokens prefilled in a slot of its own (free it), its next token pending:
+    the next step drafts or verifies over 199 positions."""
+    req = requests(n=1)[0]
+    engine.reserve(512)
+    slot = engine.alloc(400)
+    engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
+    return Sequence(0, Request("x", req.prompt_ids[:-1], 24), slot, None, out=[req.prompt_ids[-1]],
+                    state=policy.new_state())
+
+
 @pytest.mark.parametrize("refresh", [True, False])
 def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
     """draft_kv is the KV read the engine reports for the draft row ASPIRE plans (refresh layer and
     the partly filled last page included), and c grows with it."""
     settings = AspireSettings(refresh=refresh, **SPARSE)
     policy = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers)
-    req = requests(n=1)[0]
-    engine.reserve(512)
-    slot = engine.alloc(400)
+    seq = prefilled(engine, policy)
     try:
-        engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
-        seq = Sequence(0, req, slot, None, out=[req.prompt_ids[-1]], state=policy.new_state())
-        seq.req = Request("x", req.prompt_ids[:-1], 24)
-        seq.state.scores = torch.rand(-(-len(req.prompt_ids) // engine.page_size))
+        seq.state.scores = torch.rand(-(-seq.context_len // engine.page_size))
         (plan,) = policy.plan([seq], 1)
         assert plan.kind == "draft" and plan.view is not None  # 2 of 13 pages
-        out = engine.forward([Row(slot, [seq.out[-1]], seq.context_len - 1, view=plan.view,
+        out = engine.forward([Row(seq.slot, [seq.out[-1]], seq.context_len - 1, view=plan.view,
                                   full_layers=plan.full_layers)])
         assert (out.kv_read[0], out.kv_sparse[0]) == policy.draft_kv(seq.context_len - 1)
     finally:
-        engine.free(slot)
+        engine.free(seq.slot)
     cheap = AspirePolicy(AspireSettings(refresh=False, **SPARSE), engine.page_size, engine.cfg.num_layers)
     assert (policy.cost_ratio(seq, 8) > cheap.cost_ratio(seq, 8)) is refresh
     # scattered pages priced dearer per position make the draft dearer; a budget of every page is no view
@@ -313,22 +319,17 @@ def test_drafts_are_priced_at_the_scattered_share_the_engine_counted(engine, sid
     settings = AspireSettings(min_pages=6, recent_pages=1)
     cost = CostModel(2e-3, 1e-4, 1e-7, beta_sparse=1e-7)
     policy = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers, cost)
-    req = requests(n=1)[0]
-    engine.reserve(512)
-    slot = engine.alloc(400)
+    seq = prefilled(engine, policy)
     try:
-        engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
-        seq = Sequence(0, req, slot, None, out=[req.prompt_ids[-1]], state=policy.new_state())
-        seq.req = Request("x", req.prompt_ids[:-1], 24)
-        seq.state.scores = torch.zeros(-(-len(req.prompt_ids) // engine.page_size))
+        seq.state.scores = torch.zeros(-(-seq.context_len // engine.page_size))
         seq.state.scores[[2, 3, 4, 5, 6] if side_by_side else [0, 2, 4, 6, 8]] = 1.0
         prefix, before = seq.context_len - 1, policy.cost_ratio(seq, 8)
         (plan,) = policy.plan([seq], 1)
         assert plan.kind == "draft" and plan.view.pages.tolist()[:5] == ([2, 3, 4, 5, 6] if side_by_side
                                                                         else [0, 2, 4, 6, 8])
-        out = engine.forward([Row(slot, [seq.out[-1]], prefix, view=plan.view, full_layers=plan.full_layers)])
+        out = engine.forward([Row(seq.slot, [seq.out[-1]], prefix, view=plan.view, full_layers=plan.full_layers)])
     finally:
-        engine.free(slot)
+        engine.free(seq.slot)
     bound = policy.draft_kv(prefix, share=1.0)[1]
     assert policy.scattered_share == 1.0 and policy.draft_kv(prefix)[1] == bound  # nothing counted yet
     policy.step_done(StepTrace(0, 0.0, 1.0, [RowTrace("x", "draft", 1, kv_read=out.kv_read[0],

@@ -316,7 +316,7 @@ def test_load_failure_is_a_clear_error_and_auto_warns_once(cache, monkeypatch):
 
 def test_the_kernels_use_one_vector_per_register_and_runs_record_the_simd():
     """16 floats per vector where the CPU has AVX-512, 8 otherwise: a vector wider than the registers
-    is split by the compiler and the kernels' register tiles spill (3-7x slower on an AVX2 machine)."""
+    is split by the compiler and the kernels' register tiles spill (1.8-5x slower on an AVX2 machine)."""
     from aspire_bench.harness.records import capture_environment
     from aspire_bench.kernels import cpu_dense
     env = capture_environment()
