@@ -31,7 +31,7 @@ from .cpu_build import KernelBuildError  # noqa: F401  (raised by load_library; 
 from .torch_ref import TorchAttention
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.cpp"
-_BLOCK = 64  # the kernel's key block (BK): a captured token's score row is padded to whole blocks
+_SCORE_ROW = 64  # a captured token's score row is padded to a multiple of this (the kernel's ROW_PAD)
 _lib = None
 _lock = threading.Lock()
 
@@ -133,7 +133,7 @@ class CpuAttention:
                     raise ValueError(f"unknown score reduction {r.capture_reduce!r}")
                 tokens = [qi % r.n for qi in r.capture_queries]  # -1 = the last token
                 cap_mask, cap_base = sum(1 << t for t in set(tokens)), sbuf_size
-                sbuf_size += len(set(tokens)) * hq * -(-L // _BLOCK) * _BLOCK
+                sbuf_size += len(set(tokens)) * hq * -(-L // _SCORE_ROW) * _SCORE_ROW
                 pages = r.capture_reduce == PAGE_MAX_SUM
                 cap_desc.append((r.q_start, r.n, L, cap_mask, cap_base, len(qsel), len(tokens),
                                  sum(out_sizes), int(pages)))

@@ -34,16 +34,32 @@ namespace {
 constexpr int VL = ASPIRE_VL;
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
-constexpr int BK = 64;  // keys per block: the block's K (transposed), scores and V rows stay in L1
+// Keys per block, four vectors: the block's K (transposed), scores and V rows and the next block's
+// prefetched rows stay in L1 (with 64 keys on an AVX2 machine they did not: 4-23% slower verification)
+constexpr int BK = 4 * VL;
 constexpr int NB = BK / VL;
 constexpr int MAXND = 256 / VL;  // vectors per row of the largest head dim
 constexpr int TILE = 16;  // accumulator vectors a register tile may hold (half of AVX-512's, all of AVX2's)
+constexpr int REGS = VL == 16 ? 32 : 16;  // vector registers
+// Key vectors per score tile for qb queries: the most (a divisor of NB) with qb x kt accumulators,
+// kt K vectors and one broadcast within the registers.
+constexpr int score_tile(int qb) {
+  int kt = NB;
+  while (kt > 1 && (qb * kt + kt + 1 > REGS || NB % kt)) --kt;
+  return kt;
+}
 constexpr float LOG2E = 1.4426950408889634f;
 
-// Keys rounded up to whole blocks: the length of a captured token's score row.
-inline int64_t padded(int64_t L) { return (L + BK - 1) / BK * BK; }
+// The length of a captured token's score row: keys rounded up to a multiple of 64, whole blocks on
+// every build (the caller sizes the buffer with the same rule).
+constexpr int ROW_PAD = 64;
+static_assert(ROW_PAD % BK == 0, "a score row must hold whole key blocks");
+inline int64_t padded(int64_t L) { return (L + ROW_PAD - 1) / ROW_PAD * ROW_PAD; }
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
+// A loaded vector kept in a register for its several uses (the compiler would fold the load into
+// each multiply-add instead: one load per use, and the loads, not the multiply-adds, set the pace).
+inline vf in_register(vf x) { __asm__("" : "+x"(x)); return x; }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 #if ASPIRE_VL == 16
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
@@ -219,19 +235,25 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
       }
     }
   }
-  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {
+  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {  // the next block's K rows, spread over the dimensions
     for (int64_t t = 0; t < kper; ++t) {
       const int64_t r = (e * kper + t) * st.groups + gidx;
       if (r < st.npf)
         for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
     }
-    vf kv[NB];
-    for (int b = 0; b < NB; ++b) kv[b] = load(st.kt + e * BK + b * VL);
-    for (int u = 0; u < QB; ++u) {
-      const vf qe = splat(st.qs[(q0 + u) * D + e]);
-      for (int b = 0; b < NB; ++b) s[u][b] += qe * kv[b];
-    }
   }
+  // scores in tiles of KT key vectors, so the tile's accumulators, its K vectors and a broadcast
+  // query element fit the registers (else accumulators spill and chain through memory every step)
+  constexpr int KT = score_tile(QB);
+  for (int b0 = 0; b0 < (DOT ? 0 : NB); b0 += KT)
+    for (int64_t e = 0; e < D; ++e) {
+      vf kv[KT];
+      for (int b = 0; b < KT; ++b) kv[b] = in_register(load(st.kt + e * BK + (b0 + b) * VL));
+      for (int u = 0; u < QB; ++u) {
+        const vf qe = splat(st.qs[(q0 + u) * D + e]);
+        for (int b = 0; b < KT; ++b) s[u][b0 + b] += qe * kv[b];
+      }
+    }
   float corr[QB];
   int64_t vis_max = 0;
   for (int u = 0; u < QB; ++u) {
@@ -276,7 +298,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
       for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // one per 64-byte line
     const float* vr = st.vrow[jj];
     for (int64_t c = 0; c < nd; ++c) {
-      const vf vv = load(vr + c * VL);
+      const vf vv = in_register(load(vr + c * VL));
       for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
     }
   }
@@ -301,9 +323,10 @@ inline void run_groups(const Item& it, State& st, int64_t nq) {
 
 // Scores by dot products (no transposition) when the folds they take (HSUM_SHUFFLES per VL keys and
 // query) are fewer than the transposition's (TRANSPOSE_SHUFFLES per VL keys and VL dimensions), with
-// a margin of one VL measured at the edges on AVX-512: at head dim 32, 4 queries are 10% cheaper
-// transposed; at head dim 128, 16 queries 11% cheaper by dot products.
-inline bool use_dot(int64_t nq, int64_t D) { return HSUM_SHUFFLES * nq + VL < TRANSPOSE_SHUFFLES * (D / VL); }
+// a margin of two VL measured at the edges. AVX-512: at head dim 32, 4 queries are 10% cheaper
+// transposed; at head dim 128, 16 queries 11% cheaper by dot products. AVX2, head dim 32: 6 queries
+// 4-6% cheaper transposed, 4 queries 9-11% cheaper by dot products.
+inline bool use_dot(int64_t nq, int64_t D) { return HSUM_SHUFFLES * nq + 2 * VL < TRANSPOSE_SHUFFLES * (D / VL); }
 
 // Queries per group: the most (4, 2 or 1) whose scores (QB x NB vectors) and accumulators (QB x ND)
 // both fit a register tile.
@@ -348,7 +371,7 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       st.pf[2 * r] = it.kh + pos * D;
       st.pf[2 * r + 1] = it.vh + pos * D;
     }
-    // K block transposed to [D][BK] (16x16 tiles through registers), so scores vectorise over keys
+    // K block transposed to [D][BK] (VL x VL tiles through registers), so scores vectorise over keys
     if (!dot)
       for (int kb = 0; kb < NB; ++kb)
         for (int64_t c = 0; c < nd; ++c) {
