@@ -22,13 +22,17 @@ from .model import Transformer
 SCATTERED_RUN = 64
 
 
-def scattered_positions(positions: torch.Tensor) -> int:
+def scattered_positions(positions: torch.Tensor | np.ndarray) -> int:
     """How many of `positions` (1-D, or one row per layer) lie in runs of consecutive positions
     shorter than SCATTERED_RUN. Counted on the host only: on an accelerator, reading the view back
     would stall every step, and a gather there costs what a contiguous read does (0)."""
-    if positions.device.type != "cpu" or positions.numel() == 0:
+    if isinstance(positions, torch.Tensor):
+        if positions.device.type != "cpu":
+            return 0
+        positions = positions.numpy()
+    p = positions
+    if p.size == 0:
         return 0
-    p = positions.numpy()
     if p.ndim == 2:  # one row per layer: a run never continues into the next layer
         p = (p + np.arange(p.shape[0])[:, None] * (int(p.max()) + 2)).ravel()
     breaks = np.flatnonzero(np.diff(p) != 1) + 1
@@ -112,9 +116,22 @@ class Engine:
         return True
 
     # --- forward --------------------------------------------------------------------------------
-    def _view_keys(self, view: View, row: Row) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pool indices, slot positions) a sparse row attends to: its view of the prefix, then its own tokens."""
+    def _view_keys(self, view: View, row: Row) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(pool indices, slot positions, scattered count) of a sparse row: its view of the prefix, then
+        its own tokens; the count as scattered_positions gives it for the view. On the host the
+        positions are built in numpy: a handful of torch ops per row cost a few % of a draft step."""
         dev = self.device
+        if dev.type == "cpu":
+            if isinstance(view, PageView):
+                pos = (view.pages.numpy()[:, None] * self.page_size + np.arange(self.page_size)).ravel()
+                pos = pos[pos < row.start]
+            elif isinstance(view, TokenView):
+                pos = view.positions.numpy()
+            else:
+                raise TypeError(f"not a view: {view!r}")
+            scattered = scattered_positions(pos)
+            pos = torch.from_numpy(np.concatenate((pos, np.arange(row.start, row.start + row.n))))
+            return pos + row.slot.base, pos, scattered
         if isinstance(view, PageView):
             pos = (view.pages.to(dev)[:, None] * self.page_size + self._page_offsets).flatten()
             pos = pos[pos < row.start]
@@ -123,7 +140,7 @@ class Engine:
         else:
             raise TypeError(f"not a view: {view!r}")
         pos = torch.cat((pos, torch.arange(row.start, row.start + row.n, device=dev)))
-        return pos + row.slot.base, pos
+        return pos + row.slot.base, pos, 0
 
     def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int, int]:
         """The row's attention metadata, its KV read (positions attended per layer, mean) and the
@@ -145,17 +162,16 @@ class Engine:
             for layer in range(L):
                 view = row.view_at(layer)
                 if view is not None and id(view) not in resolved:
-                    idx, pos = self._view_keys(view, row)
-                    resolved[id(view)] = (idx, pos, scattered_positions(pos[:-row.n]))
+                    resolved[id(view)] = self._view_keys(view, row)
                 keys.append((None, None, 0) if view is None else resolved[id(view)])
             meta.sparse, meta.sparse_pos, per_layer = map(list, zip(*keys))
             scattered = sum(per_layer)
         elif row.view is not None:  # one view, full attention at full_layers (ASPIRE's refresh layer)
-            idx, pos = self._view_keys(row.view, row)
+            idx, pos, in_runs = self._view_keys(row.view, row)
             full = row.full_layers
             meta.sparse = [None if layer in full else idx for layer in range(L)]
             meta.sparse_pos = [None if layer in full else pos for layer in range(L)]
-            scattered = scattered_positions(pos[:-row.n]) * sum(m is not None for m in meta.sparse)
+            scattered = in_runs * sum(m is not None for m in meta.sparse)
         if row.capture is not None:
             meta.capture_layers = frozenset(row.capture.layers)
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last

@@ -85,6 +85,24 @@ def test_all_pages_view_equals_full(checkpoints):
     assert (sub - full).abs().max() > 1e-3
 
 
+def test_forward_reports_each_rows_kv_read_and_its_scattered_part(checkpoints):
+    """kv_read: positions attended per layer (view + own tokens); kv_sparse: those of the view in runs
+    shorter than SCATTERED_RUN, counted here from the view's own description."""
+    from aspire_bench.engine import SCATTERED_RUN
+    path, _ = checkpoints["qwen3"]
+    eng = Engine(load_model(path), attention_backend="torch")
+    eng.reserve(512)
+    s = eng.alloc(300)
+    eng.forward([Row(s, list(range(1, 201)), 0, logits="none")])  # 200 positions: pages 0..12, 12 partial
+    sinks, window = torch.arange(4), torch.arange(200 - SCATTERED_RUN - 8, 200)
+    pages = torch.tensor([1, 3, 4, 9, 12])  # page 12 holds positions 192..199 only
+    out = eng.forward([Row(s, [5, 6], 200, view=TokenView(torch.cat((sinks, window))), logits="none"),
+                       Row(s, [5, 6], 200, view=PageView(pages), logits="none")])
+    assert out.kv_read == [4 + SCATTERED_RUN + 8 + 2, 16 * 4 + 8 + 2]
+    # the sinks are a short run, the window a long one; the pages' runs are 16, 32, 16 and 8 positions
+    assert out.kv_sparse == [4, 16 + 32 + 16 + 8]
+
+
 def test_sparse_page_view_equals_masked_dense_attention():
     """The backend's sparse path equals dense attention with unselected positions masked out."""
     from aspire_bench.kernels.base import AttentionMeta, RowMeta
@@ -290,6 +308,7 @@ def test_scattered_positions_counts_the_positions_in_short_runs():
     assert scattered_positions(short) == SCATTERED_RUN - 1
     assert scattered_positions(torch.cat((singles, long, short))) == 3 + SCATTERED_RUN - 1
     assert scattered_positions(torch.tensor([], dtype=torch.long)) == 0
+    assert scattered_positions(torch.cat((singles, long, short)).numpy()) == 3 + SCATTERED_RUN - 1
     # one row per layer: each layer's runs on their own, even where one layer ends where the next begins
     halves = torch.stack((torch.arange(0, SCATTERED_RUN // 2), torch.arange(SCATTERED_RUN // 2, SCATTERED_RUN)))
     assert scattered_positions(halves) == SCATTERED_RUN
