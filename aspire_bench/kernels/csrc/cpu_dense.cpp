@@ -43,6 +43,7 @@ constexpr int MR = 8;         // tokens per work item
 // panel and a broadcast token element (AVX-512: 8 x 2 of 32 registers; AVX2: 6 x 2 of 16).
 constexpr int CP = 2;
 constexpr int MT = VL == 16 ? 8 : 6;
+constexpr int PF_ROWS = 32;  // panel rows prefetched ahead (16 and 64 measured the same)
 typedef float vf __attribute__((vector_size(VL * 4)));
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
@@ -84,6 +85,11 @@ template <int T>
 inline void tile(const float* x, int64_t ldx, const float* P, int64_t K, int c0, vf (*acc)[NV]) {
   vf a[T][CP] = {};
   for (int64_t k = 0; k < K; ++k) {
+    // The panel streams from memory (a step's KV reads evict the weights from cache): on the first
+    // pass ask for its rows PF_ROWS ahead, both lines of each; past its end lies the next item's panel.
+    // Without it the loads stalled: a weights-only forward 13% slower on a 2-core AVX2 EPYC.
+    if (c0 == 0)
+      for (int l = 0; l < NR; l += 16) __builtin_prefetch(P + (k + PF_ROWS) * NR + l);
     vf b[CP];
     for (int c = 0; c < CP; ++c) b[c] = load(P + k * NR + (c0 + c) * VL);
     for (int m = 0; m < T; ++m) {
