@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import attention_ab
 import dense_forward
 import step_costs
 
@@ -33,6 +35,18 @@ def test_dense_forward_times_each_dense_backend(tmp_path):
                                "--attention-backend", "null", "--json", str(out)]) == 0
     ms = json.loads(out.read_text())["ms"]
     assert set(ms) == {"cpp", "eager"} and all(set(v) == {"1", "5"} and min(v.values()) > 0 for v in ms.values())
+
+
+def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
+    from aspire_bench.kernels.cpu_attention import SOURCE
+    assert attention_ab.main(["--a", str(SOURCE), "--cases", "1x64,3x80s", "--pairs", "4", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1].strip().startswith("1x64:") and lines[2].strip().startswith("3x80s:")
+    assert all(ln.endswith("max |A-B| 0.0e+00") for ln in lines[1:])  # one source: identical outputs
+    rows, cap = attention_ab.case_rows(3, 80, True, torch.Generator().manual_seed(0))
+    assert all(r.sparse[0][-3:].tolist() == [r.base + 80 + i for i in range(3)] for r in rows)  # own tokens last
+    assert all(r.base + r.start + r.n <= cap for r in rows)
+    assert attention_ab.main(["--a", "no/such.cpp"]) == 2
 
 
 def test_step_costs_measures_every_row_kind():

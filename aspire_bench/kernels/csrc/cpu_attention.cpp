@@ -34,18 +34,22 @@ namespace {
 constexpr int VL = ASPIRE_VL;
 typedef float vf __attribute__((vector_size(VL * 4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4)));
-// Keys per block, four vectors: the block's K (transposed), scores and V rows and the next block's
-// prefetched rows stay in L1 (with 64 keys on an AVX2 machine they did not: 4-23% slower verification)
-constexpr int BK = 4 * VL;
-constexpr int NB = BK / VL;
+// Keys per block, in vectors (NB; BK = NB * VL keys). Rows of several tokens use four vectors, so
+// the block's K (transposed), scores and V rows and the next block's prefetched rows stay in L1 (with
+// 64 keys on an AVX2 machine they did not: verification of 2-5 tokens 8-20% slower). Rows of one
+// token (decode, draft) do little arithmetic per key and use 64 keys, so that a block's fixed work
+// (the running max and sum, the rescale, the next block's addresses) spreads over more (with 32
+// keys on the AVX2 machine: 4-7% slower). With AVX-512 both are 64 keys.
+constexpr int NB_MULTI = 4, NB_ONE = 64 / VL > 4 ? 64 / VL : 4;
+constexpr int BK_MAX = NB_ONE * VL;
 constexpr int MAXND = 256 / VL;  // vectors per row of the largest head dim
 constexpr int TILE = 16;  // accumulator vectors a register tile may hold (half of AVX-512's, all of AVX2's)
 constexpr int REGS = VL == 16 ? 32 : 16;  // vector registers
-// Key vectors per score tile for qb queries: the most (a divisor of NB) with qb x kt accumulators,
-// kt K vectors and one broadcast within the registers.
-constexpr int score_tile(int qb) {
-  int kt = NB;
-  while (kt > 1 && (qb * kt + kt + 1 > REGS || NB % kt)) --kt;
+// Key vectors per score tile for qb queries in a block of nb: the most (a divisor of nb) with qb x kt
+// accumulators, kt K vectors and one broadcast within the registers.
+constexpr int score_tile(int qb, int nb) {
+  int kt = nb;
+  while (kt > 1 && (qb * kt + kt + 1 > REGS || nb % kt)) --kt;
   return kt;
 }
 constexpr float LOG2E = 1.4426950408889634f;
@@ -53,7 +57,7 @@ constexpr float LOG2E = 1.4426950408889634f;
 // The length of a captured token's score row: keys rounded up to a multiple of 64, whole blocks on
 // every build (the caller sizes the buffer with the same rule).
 constexpr int ROW_PAD = 64;
-static_assert(ROW_PAD % BK == 0, "a score row must hold whole key blocks");
+static_assert(ROW_PAD % (NB_MULTI * VL) == 0 && ROW_PAD % BK_MAX == 0, "a score row must hold whole key blocks");
 inline int64_t padded(int64_t L) { return (L + ROW_PAD - 1) / ROW_PAD * ROW_PAD; }
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
@@ -190,10 +194,10 @@ struct Item {
 // probabilities, its K and V rows and (transposed scores) its K block transposed to [D][BK].
 struct State {
   float *qs, *acc, *p, *m, *l, *kt;
-  const float* krow[BK];
-  const float* vrow[BK];
+  const float* krow[BK_MAX];
+  const float* vrow[BK_MAX];
   int64_t j0, jb;
-  const float* pf[2 * BK];  // K and V rows of the block prefetched during this one's arithmetic
+  const float* pf[2 * BK_MAX];  // K and V rows of the block prefetched during this one's arithmetic
   int64_t npf, groups;
 };
 
@@ -206,8 +210,9 @@ struct State {
 // Dot (DOT true): per query and key the product of the K row with the query summed across its lanes,
 // VL keys folded at once (hsum_rows): no transposition, 30 shuffles per 16 keys and query. Cheaper when
 // a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot.
-template <int ND, int QB, bool DOT>
+template <int ND, int NB, int QB, bool DOT>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
+  constexpr int BK = NB * VL;
   const int64_t nd = ND > 0 ? ND : it.D / VL;
   const int64_t D = nd * VL;
   vf iota;
@@ -244,7 +249,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   }
   // scores in tiles of KT key vectors, so the tile's accumulators, its K vectors and a broadcast
   // query element fit the registers (else accumulators spill and chain through memory every step)
-  constexpr int KT = score_tile(QB);
+  constexpr int KT = score_tile(QB, NB);
   for (int b0 = 0; b0 < (DOT ? 0 : NB); b0 += KT)
     for (int64_t e = 0; e < D; ++e) {
       vf kv[KT];
@@ -308,16 +313,16 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
 
 // Queries in groups of QMAX (query_group), the rest in one group of
 // exactly the remaining count: no query is padded.
-template <int ND, int QMAX, bool DOT>
+template <int ND, int NB, int QMAX, bool DOT>
 inline void run_groups(const Item& it, State& st, int64_t nq) {
   int64_t q0 = 0, gidx = 0;
-  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, QMAX, DOT>(it, st, q0, gidx);
+  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, NB, QMAX, DOT>(it, st, q0, gidx);
   if constexpr (QMAX == 4) {
-    if (nq - q0 == 3) group_block<ND, 3, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 2) group_block<ND, 2, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 1) group_block<ND, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 3) group_block<ND, NB, 3, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 2) group_block<ND, NB, 2, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<ND, NB, 1, DOT>(it, st, q0, gidx);
   } else if constexpr (QMAX == 2) {
-    if (nq - q0 == 1) group_block<ND, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<ND, NB, 1, DOT>(it, st, q0, gidx);
   }
 }
 
@@ -328,16 +333,17 @@ inline void run_groups(const Item& it, State& st, int64_t nq) {
 // 4-6% cheaper transposed, 4 queries 9-11% cheaper by dot products.
 inline bool use_dot(int64_t nq, int64_t D) { return HSUM_SHUFFLES * nq + 2 * VL < TRANSPOSE_SHUFFLES * (D / VL); }
 
-// Queries per group: the most (4, 2 or 1) whose scores (QB x NB vectors) and accumulators (QB x ND)
+// Queries per group: the most (4, 2 or 1) whose scores (QB x nb vectors) and accumulators (QB x nd)
 // both fit a register tile.
-constexpr int query_group(int nd) {
-  return nd == 0 ? 1 : 4 * NB <= TILE && 4 * nd <= TILE ? 4 : 2 * NB <= TILE && 2 * nd <= TILE ? 2 : 1;
+constexpr int query_group(int nd, int nb) {
+  return nd == 0 ? 1 : 4 * nb <= TILE && 4 * nd <= TILE ? 4 : 2 * nb <= TILE && 2 * nd <= TILE ? 2 : 1;
 }
 
-template <int ND>
+// One chunk of an item in blocks of NB vectors of keys.
+template <int ND, int NB>
 void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
-  constexpr int QMAX = query_group(ND);
+  constexpr int QMAX = query_group(ND, NB), BK = NB * VL;
   const int64_t D = it.D, nq = it.nq, n = it.n;
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(D * BK);
   State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
@@ -384,9 +390,9 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
     if (dot)
-      run_groups<ND, QMAX, true>(it, st, nq);
+      run_groups<ND, NB, QMAX, true>(it, st, nq);
     else
-      run_groups<ND, QMAX, false>(it, st, nq);
+      run_groups<ND, NB, QMAX, false>(it, st, nq);
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
     if (part) {  // a chunk of a split row: unnormalised, merged by merge_parts
@@ -400,6 +406,13 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
     for (int64_t e = 0; e < D; ++e) out[h * D + e] = st.acc[qi * D + e] * inv;
     if (lse) lse[h] = st.m[qi] + std::log2(st.l[qi]);
   }
+}
+
+// A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
+template <int ND>
+void attend_item(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse, float* part) {
+  if (it.n == 1) attend_chunk<ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
+  else attend_chunk<ND, NB_MULTI>(it, j_begin, j_end, scale, out, lse, part);
 }
 
 // The chunks of one split (row, KV head), each [acc (nq x D), m (nq), l (nq)], merged by their
@@ -480,7 +493,7 @@ extern "C" int aspire_attention(const float* q, const float* k, const float* v, 
   int64_t work = 0;
   for (int64_t r = 0; r < num_rows; ++r) work += (rows[r * 8 + 5] >= 0 ? rows[r * 8 + 5] : rows[r * 8 + 3] + rows[r * 8 + 1]);
   int64_t clen = work * hkv / (4 * num_threads);
-  clen = (clen < MIN_CHUNK ? MIN_CHUNK : clen + BK - 1) / BK * BK;
+  clen = (clen < MIN_CHUNK ? MIN_CHUNK : clen + BK_MAX - 1) / BK_MAX * BK_MAX;  // whole blocks of either size
   std::vector<Item> items;
   std::vector<int64_t> item_chunk, item_begin, item_end, part_off, merge_items;
   int64_t part_size = 0;
@@ -509,10 +522,10 @@ extern "C" int aspire_attention(const float* q, const float* k, const float* v, 
     for (int64_t i = 0; i < n_items; ++i) {
       float* part = item_chunk[i] >= 0 ? parts.data() + part_off[i] : nullptr;
       switch (d) {
-#define CASE(D) case D: attend_chunk<D / VL>(items[i], item_begin[i], item_end[i], scale, out, lse, part); break;
+#define CASE(D) case D: attend_item<D / VL>(items[i], item_begin[i], item_end[i], scale, out, lse, part); break;
         CASE(16) CASE(32) CASE(64) CASE(128)
 #undef CASE
-        default: attend_chunk<0>(items[i], item_begin[i], item_end[i], scale, out, lse, part);
+        default: attend_item<0>(items[i], item_begin[i], item_end[i], scale, out, lse, part);
       }
     }
 #pragma omp for schedule(dynamic, 1)

@@ -1,0 +1,102 @@
+"""Two versions of the compiled CPU attention kernel, timed side by side on the same rows.
+
+    python bench/attention_ab.py --a OLD.cpp [--b NEW.cpp] --cases 1x16384s,4x16384 --threads 2
+
+Each case is `NxCONTEXT`, with `s` for a sparse row (7% of the prefix's pages, ASPIRE's draft view)
+instead of the full prefix: 8 rows of N query tokens, the bundled model's attention shape (4 query
+heads, 2 KV heads, head dim 32, fp32). Calls alternate A/B and B/A; each reads one of 16 copies of the
+KV pool in turn (huge pages, as the engine's), so, as in a forward, no call finds its keys in cache.
+Prints per case the median time of each and the median of the per-pair ratios B/A with its quartiles,
+and the largest difference between the two outputs. `--b` defaults to the kernel in the tree.
+Machine-noise that moves both versions cancels in the ratio; run it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from aspire_bench.engine.kv_cache import pool_tensor
+from aspire_bench.kernels import cpu_attention, cpu_build
+from aspire_bench.kernels.base import AttentionMeta, RowMeta
+
+HQ, HKV, D, ROWS, PAGE, COPIES = 4, 2, 32, 8, 16, 16
+
+
+def backend(src: Path) -> cpu_attention.CpuAttention:
+    """A backend whose kernel calls go to a build of `src` (built and cached like the shipped one)."""
+    lib = cpu_attention._open(cpu_build.build(cpu_build.compiler(), None, False, src=src,
+                                              what=f"the attention kernel {src}", hint=""))
+    be = cpu_attention.CpuAttention()
+    be._attention, be._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
+    return be
+
+
+def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
+    """ROWS rows of n tokens after `context` keys, in disjoint slots of one pool; a sparse row keeps 7%
+    of its prefix's pages (random ones, sorted) and its own tokens."""
+    size = -(-(context + n) // PAGE) * PAGE
+    rows = []
+    for i in range(ROWS):
+        r = RowMeta(q_start=i * n, n=n, base=i * size, start=context)
+        if sparse:
+            pages = -(-context // PAGE)
+            keep = torch.randperm(pages, generator=gen)[:max(1, int(0.07 * pages))].sort().values
+            pos = (keep[:, None] * PAGE + torch.arange(PAGE)).flatten()
+            pos = torch.cat((pos[pos < context], torch.arange(context, context + n)))
+            r.sparse, r.sparse_pos = [pos + r.base], [pos]
+        rows.append(r)
+    return rows, ROWS * size
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--a", type=Path, required=True, help="the baseline kernel source (.cpp)")
+    ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
+    ap.add_argument("--cases", default="1x16384,1x16384s,2x16384,4x16384,7x16384")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=160)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for src in (args.a, args.b):
+        if not src.is_file():
+            print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
+            return 2
+    torch.set_num_threads(args.threads)
+    a, b = backend(args.a), backend(args.b)
+    gen = torch.Generator().manual_seed(args.seed)
+    print(f"A = {args.a}, B = {args.b}, {args.threads} threads, {args.pairs} pairs per case")
+    for case in args.cases.split(","):
+        n, ctx = case.split("x")
+        sparse = ctx.endswith("s")
+        rows, cap = case_rows(int(n), int(ctx.rstrip("s")), sparse, gen)
+        q = torch.randn(ROWS * int(n), HQ, D, generator=gen)
+        pools = []
+        for _ in range(COPIES):
+            k, v = pool_tensor((HKV, cap, D), torch.float32, "cpu"), pool_tensor((HKV, cap, D), torch.float32, "cpu")
+            k.normal_(generator=gen)
+            v.normal_(generator=gen)
+            pools.append((k, v))
+        metas = [AttentionMeta(rows=rows, num_tokens=q.shape[0], page_size=PAGE, scale=D ** -0.5) for _ in "ab"]
+        diff = (a.attend(0, q, *pools[0], metas[0])[0] - b.attend(0, q, *pools[0], metas[1])[0]).abs().max().item()
+        times: tuple[list, list] = ([], [])
+        for i in range(args.pairs):
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                k, v = pools[(2 * i + which) % COPIES]
+                t0 = time.perf_counter()
+                (a, b)[which].attend(0, q, k, v, metas[which])
+                times[which].append(time.perf_counter() - t0)
+        ratios = [tb / ta for ta, tb in zip(*times)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        print(f"{case:>10}: A {statistics.median(times[0]) * 1e3:7.3f} ms  B {statistics.median(times[1]) * 1e3:7.3f} ms"
+              f"  B/A {statistics.median(ratios):.3f} [{q1:.3f}, {q3:.3f}]  max |A-B| {diff:.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
