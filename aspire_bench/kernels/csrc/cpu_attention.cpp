@@ -240,7 +240,9 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
       }
     }
   }
-  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {  // the next block's K rows, spread over the dimensions
+  // this group's share of the next block's K rows, needed first (by the next block's scores); issued
+  // before the score loop: inside it they cost 15%
+  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {
     for (int64_t t = 0; t < kper; ++t) {
       const int64_t r = (e * kper + t) * st.groups + gidx;
       if (r < st.npf)
