@@ -82,14 +82,14 @@ def main(argv=None) -> int:
             k.normal_(generator=gen)
             v.normal_(generator=gen)
             pools.append((k, v))
-        metas = [AttentionMeta(rows=rows, num_tokens=q.shape[0], page_size=PAGE, scale=D ** -0.5) for _ in "ab"]
-        diff = (a.attend(0, q, *pools[0], metas[0])[0] - b.attend(0, q, *pools[0], metas[1])[0]).abs().max().item()
+        meta = AttentionMeta(rows=rows, num_tokens=q.shape[0], page_size=PAGE, scale=D ** -0.5)
+        diff = (a.attend(0, q, *pools[0], meta)[0] - b.attend(0, q, *pools[0], meta)[0]).abs().max().item()
         times: tuple[list, list] = ([], [])
         for i in range(args.pairs):
             for which in ((0, 1) if i % 2 == 0 else (1, 0)):
                 k, v = pools[(2 * i + which) % COPIES]
                 t0 = time.perf_counter()
-                (a, b)[which].attend(0, q, k, v, metas[which])
+                (a, b)[which].attend(0, q, k, v, meta)
                 times[which].append(time.perf_counter() - t0)
         ratios = [tb / ta for ta, tb in zip(*times)]
         q1, _, q3 = statistics.quantiles(ratios, n=4)

@@ -218,8 +218,6 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   vf iota;
   for (int j = 0; j < VL; ++j) iota[j] = static_cast<float>(j);
   vf s[QB][NB] = {};
-  // K rows, needed first (by the next block's scores), during the scores
-  const int64_t kper = (st.npf + st.groups * D - 1) / (st.groups * D);
   if constexpr (DOT) {
     for (int u = 0; u < QB; ++u) {
       vf qv[ND > 0 ? ND : MAXND];
@@ -229,7 +227,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
         vf r[VL];
         for (int t = 0; t < VL; ++t) {
           const int64_t jj = b * VL + t, r_pf = jj * st.groups + gidx;
-          if (u == 0 && r_pf < st.npf)  // spread over the scores like the transposed path's
+          if (u == 0 && r_pf < st.npf)  // the next block's K rows, spread over the first query's scores
             for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r_pf] + c);
           vf acc = {};
           if (jj < st.jb)
@@ -242,13 +240,8 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   }
   // this group's share of the next block's K rows, needed first (by the next block's scores); issued
   // before the score loop: inside it they cost 15%
-  for (int64_t e = 0; e < (DOT ? 0 : D); ++e) {
-    for (int64_t t = 0; t < kper; ++t) {
-      const int64_t r = (e * kper + t) * st.groups + gidx;
-      if (r < st.npf)
-        for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
-    }
-  }
+  for (int64_t r = gidx; !DOT && r < st.npf; r += st.groups)
+    for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
   // scores in tiles of KT key vectors, so the tile's accumulators, its K vectors and a broadcast
   // query element fit the registers (else accumulators spill and chain through memory every step)
   constexpr int KT = score_tile(QB, NB);
