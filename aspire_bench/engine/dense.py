@@ -153,8 +153,10 @@ class CompiledDense:
     between two attention calls, one for the final norm and LM head; fp32 on a CPU.
 
     Per-call overhead, not arithmetic, dominates the fused path on a small model (~20 torch calls per
-    layer): here a forward is 17 ctypes calls plus the attention backend's 16. The weights are packed
-    once into the kernel's panels (a copy: the model's tensors stay as they are)."""
+    layer): here a forward is 17 ctypes calls plus the attention backend's 16, or one call running the
+    whole layer loop when the backend can hand over every layer's kernel call up front (the compiled
+    CPU attention backend, for forwards without prefill chunks). The weights are packed once into the
+    kernel's panels (a copy: the model's tensors stay as they are)."""
 
     _POINTERS = ("attn_norm", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "bo", "mlp_norm", "w_gate_up",
                  "b_gate_up", "w_down", "b_down")
@@ -163,7 +165,7 @@ class CompiledDense:
         from ..kernels import cpu_dense
 
         lib = cpu_dense.load_library()
-        self._layer, self._head = lib.aspire_dense_layer, lib.aspire_dense_head
+        self._layer, self._head, self._forward = lib.aspire_dense_layer, lib.aspire_dense_head, lib.aspire_dense_forward
         cfg = self.cfg = model.cfg
         self._keep = []  # every tensor whose address the kernel holds
 
@@ -185,6 +187,7 @@ class CompiledDense:
                                 dtype=torch.int64)
             self._ptrs.append(ptrs)
         self._ptr_addr = [p.data_ptr() for p in self._ptrs]
+        self._layer_table = torch.tensor(self._ptr_addr, dtype=torch.int64)
         self._norm = addr(model.norm)
         self._lm_head = addr(cpu_dense.pack(model.lm_head))
         self.vocab = model.lm_head.shape[0]
@@ -206,6 +209,19 @@ class CompiledDense:
         cos, sin, dest = cos.contiguous(), sin.contiguous(), dest.contiguous()
         xp, qp, kp, vp = x.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
         dp, cp, sp = dest.data_ptr(), cos.data_ptr(), sin.data_ptr()
+        layer_calls = getattr(backend, "layer_calls", None)
+        calls = layer_calls(meta, q, L) if layer_calls else None
+        if calls is not None:  # the whole layer loop in one call
+            attn = torch.empty(T, hq, d)
+            rc = self._forward(self._layer_table.data_ptr(), L, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp,
+                               sp, T, calls.attention, calls.reduce_scores, calls.table.data_ptr(), calls.scale,
+                               calls.page_size, threads)
+            if rc == 1:
+                raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
+            if rc:
+                raise ValueError(f"the CPU attention kernel rejected the shapes (Hq={hq}, D={d}, page size "
+                                 f"{calls.page_size}; code {rc})")
+            return self._logits(xp, dims, eps, logit_rows, threads), calls.captures()
         if self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
             raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
         captures: dict[int, dict[int, torch.Tensor]] = {}
@@ -217,9 +233,12 @@ class CompiledDense:
             nxt = self._ptr_addr[li + 1] if li + 1 < L else None  # q is free again: the next layer's goes there
             self._layer(self._ptr_addr[li], nxt, li + 1, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp, sp,
                         T, threads)
+        return self._logits(xp, dims, eps, logit_rows, threads), captures
+
+    def _logits(self, xp: int, dims: int, eps: float, logit_rows: torch.Tensor, threads: int) -> torch.Tensor:
         rows = logit_rows.to(torch.int64).contiguous()
         logits = torch.empty(rows.shape[0], self.vocab)
         if rows.shape[0]:
             self._head(self._norm, self._lm_head, dims, eps, xp, rows.data_ptr(), rows.shape[0], self.vocab,
                        logits.data_ptr(), threads)
-        return logits, captures
+        return logits

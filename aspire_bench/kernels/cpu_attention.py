@@ -84,12 +84,37 @@ class _LayerPlan:
     kept_scores: int  # floats of scores the attention call keeps for the reduction
 
 
+@dataclass
+class LayerCalls:
+    """Every layer's kernel calls of one forward, for a caller that runs the layer loop in C (the
+    compiled dense path): `table` [L, 9] int64 holds per layer the attention call's rows, row count and
+    key indices, then the score reduction's lse, score buffer, descriptors, their count (0: no capture
+    at this layer), chosen tokens and output (the layout aspire_dense_forward reads). The tensors the
+    table points into are kept here until the call returns."""
+    table: torch.Tensor
+    attention: int  # address of aspire_attention
+    reduce_scores: int  # address of aspire_reduce_scores
+    page_size: int
+    scale: float
+    _scores: dict[int, tuple[_LayerPlan, torch.Tensor]]  # capturing layer -> (its plan, its output)
+    _keep: list
+
+    def captures(self) -> dict[int, dict[int, torch.Tensor]]:
+        """{row: {layer: scores}} once the call has run, as the per-layer path returns them."""
+        out: dict[int, dict[int, torch.Tensor]] = {}
+        for layer, (plan, scores) in self._scores.items():
+            for row, s in zip(plan.cap_rows, scores.split(plan.cap_sizes)):
+                out.setdefault(row, {})[layer] = s
+        return out
+
+
 class CpuAttention:
     name = "cpu"
 
     def __init__(self):
         lib = load_library()
         self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
+        self._addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._attention, self._reduce_scores))
         self._ref = TorchAttention()
         self._kept = torch.empty(0, dtype=torch.float32)
 
@@ -147,10 +172,39 @@ class CpuAttention:
         return _LayerPlan(_int64(desc).reshape(-1, 8), _int64([0]), rest, cap_rows,
                           _int64(cap_desc).reshape(-1, 9), _int64(qsel or [0]), out_sizes, sbuf_size)
 
-    def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
+    @staticmethod
+    def _covers(q: torch.Tensor) -> bool:
         d = q.shape[-1]
-        if q.dtype != torch.float32 or q.device.type != "cpu" or d % 16 or d > 256:
+        return q.dtype == torch.float32 and q.device.type == "cpu" and d % 16 == 0 and d <= 256
+
+    def layer_calls(self, meta: AttentionMeta, q: torch.Tensor, num_layers: int) -> LayerCalls | None:
+        """The kernel calls of every layer of this forward, or None when a row goes to the torch
+        reference at some layer (a prefill chunk) or the kernel does not cover q: the caller then
+        calls `attend` layer by layer."""
+        if not self._covers(q):
+            return None
+        plans = [self._plan(layer, meta, q.shape[1]) for layer in range(num_layers)]
+        if any(p.rest or not p.rows.shape[0] for p in plans):
+            return None
+        kept_size = max(p.kept_scores for p in plans)
+        kept = self._kept_buffer(kept_size) if kept_size else None
+        lse = torch.empty(q.shape[:2], dtype=torch.float32) if kept_size else None
+        table, scores = [], {}
+        for layer, p in enumerate(plans):
+            call = [p.rows.data_ptr(), p.rows.shape[0], p.idx.data_ptr(), 0, 0, 0, 0, 0, 0]
+            if p.cap_rows:
+                out = torch.zeros(sum(p.cap_sizes), dtype=torch.float32)
+                scores[layer] = (p, out)
+                call[3:] = [lse.data_ptr(), kept.data_ptr(), p.cap_desc.data_ptr(), p.cap_desc.shape[0],
+                            p.cap_tokens.data_ptr(), out.data_ptr()]
+            table.append(call)
+        return LayerCalls(_int64(table), *self._addresses, meta.page_size, meta.scale, scores,
+                          [plans, kept, lse])
+
+    def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
+        if not self._covers(q):
             return self._ref.attend(layer, q, k_cache, v_cache, meta)
+        d = q.shape[-1]
         if not (q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError("the CPU attention kernel needs contiguous q and per-layer K/V caches")
         plan = self._plan(layer, meta, q.shape[1])

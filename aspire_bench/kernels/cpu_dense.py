@@ -1,7 +1,8 @@
 """Compiled dense layers for the CPU: csrc/cpu_dense.cpp built and loaded like the attention kernel.
 
 One C++ call runs all of a layer's work between two attention calls (MLP of one layer, norms, QKV,
-q/k norm, RoPE and KV write of the next), so a forward is 17 calls instead of ~350 torch ops; see the
+q/k norm, RoPE and KV write of the next), so a forward is 17 calls instead of ~350 torch ops, or, with
+the compiled attention backend, one call that runs the whole layer loop; see the
 source's header for the maths and layouts. This module builds the library (system compiler, the
 attention kernel's private cache with its sha256 sidecar) and packs weights into the kernel's panel
 layout; engine/dense.py drives it.
@@ -47,7 +48,9 @@ def _open(path: Path) -> ctypes.CDLL:
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
     lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
-    lib.aspire_dense_layer.restype = lib.aspire_dense_head.restype = lib.aspire_dense_vector_width.restype = ctypes.c_int
+    lib.aspire_dense_forward.argtypes = [p, i64, p, f32, p, p, p, p, p, p, p, p, i64, p, p, p, f32, i64, i32]
+    for fn in (lib.aspire_dense_layer, lib.aspire_dense_head, lib.aspire_dense_forward, lib.aspire_dense_vector_width):
+        fn.restype = ctypes.c_int
     return lib
 
 

@@ -116,6 +116,62 @@ def test_compiled_dense_with_sparse_rows_and_captures_matches_eager():
             torch.testing.assert_close(out.captures[row][layer], ref.captures[row][layer], atol=1e-4, rtol=1e-4)
 
 
+class LayerByLayer:
+    """The compiled attention backend without its whole-forward hand-over: the layer loop stays in Python."""
+
+    def __init__(self, backend):
+        self.inner, self.name = backend, backend.name
+
+    def attend(self, *args):
+        return self.inner.attend(*args)
+
+
+def test_the_layer_loop_in_one_call_matches_the_loop_in_python():
+    """The same kernels in the same order, so the same bits: rows of every kind, a page view with
+    ASPIRE's capture at one layer, per-layer token views and Vegas's token-mean capture at every layer."""
+    from aspire_bench.engine import TOKEN_MEAN, Capture, LayerTokenView
+    model = scrambled(TINY, seed=4)
+    L = model.cfg.num_layers
+    outs, loops = [], []
+    for in_one_call in (True, False):
+        eng = Engine(model, attention_backend="cpu", dense_backend="cpp")
+        calls = []
+        real = eng.backend.layer_calls
+
+        def layer_calls(*args, real=real, calls=calls):
+            out = real(*args)
+            calls.append(out is not None)
+            return out
+        eng.backend.layer_calls = layer_calls
+        if not in_one_call:
+            eng.backend = LayerByLayer(eng.backend)
+        eng.reserve(2048)
+        slots = [eng.alloc(400) for _ in range(4)]
+        g = torch.Generator().manual_seed(5)
+
+        def ids(n):
+            return torch.randint(0, 4096, (n,), generator=g).tolist()
+        eng.forward([Row(s, ids(n), 0, logits="none") for s, n in zip(slots, (300, 140, 77, 201))])
+        tokens = torch.stack([torch.randperm(130, generator=g)[:40].sort().values for _ in range(L)])
+        step = [Row(slots[0], ids(1), slots[0].length, view=PageView(torch.tensor([0, 5, 18])),
+                    full_layers=frozenset({L - 2}), capture=Capture([L - 2], [-1])),
+                Row(slots[1], ids(1), slots[1].length, view=LayerTokenView(tokens)),
+                Row(slots[2], ids(4), slots[2].length, logits="all",
+                    capture=Capture(range(L), [0, -1], TOKEN_MEAN)),
+                Row(slots[3], ids(3), slots[3].length, logits="all", capture=Capture([L - 2], [0, -1]))]
+        outs.append(eng.forward(step))
+        loops.append(calls[-1] if calls else None)
+    assert loops == [True, None]  # the first forward ran its layer loop in one call, the second never could
+    one_call, per_layer = outs
+    for a, b in zip(one_call.logits, per_layer.logits):
+        assert torch.equal(a, b)
+    assert one_call.captures.keys() == per_layer.captures.keys() == {0, 2, 3}
+    for row, layers in per_layer.captures.items():
+        assert one_call.captures[row].keys() == layers.keys()
+        for layer, scores in layers.items():
+            assert torch.equal(one_call.captures[row][layer], scores)
+
+
 def test_a_token_gets_the_same_result_in_any_batch():
     """The kernel sums each output in one order whatever the number of tokens in the call (no
     attention involved: the dense kernels alone, by packing and calling them as a forward does)."""
