@@ -149,7 +149,7 @@ def test_the_layer_loop_in_one_call_matches_the_loop_in_python():
         slots = [eng.alloc(400) for _ in range(4)]
         g = torch.Generator().manual_seed(5)
 
-        def ids(n):
+        def ids(n, g=g):
             return torch.randint(0, 4096, (n,), generator=g).tolist()
         eng.forward([Row(s, ids(n), 0, logits="none") for s, n in zip(slots, (300, 140, 77, 201))])
         tokens = torch.stack([torch.randperm(130, generator=g)[:40].sort().values for _ in range(L)])
