@@ -313,22 +313,3 @@ def test_scattered_positions_counts_the_positions_in_short_runs():
     halves = torch.stack((torch.arange(0, SCATTERED_RUN // 2), torch.arange(SCATTERED_RUN // 2, SCATTERED_RUN)))
     assert scattered_positions(halves) == SCATTERED_RUN
     assert scattered_positions(torch.stack((long, long))) == 0
-
-
-def test_scattered_pages_counts_what_scattered_positions_counts_on_the_pages_positions():
-    """Page by page, the same count as over the view's positions: runs across consecutive pages, the
-    last page cut at the row's start, pages in any order, repeated or past the start."""
-    from aspire_bench.engine import scattered_pages, scattered_positions
-    g = torch.Generator().manual_seed(torch.seed())
-    for page_size in (1, 4, 16, 64):
-        for _ in range(200):
-            end = int(torch.randint(1, 2000, (1,), generator=g))
-            n_pages = -(-end // page_size) + 2
-            pages = torch.randint(0, n_pages, (int(torch.randint(0, 40, (1,), generator=g)),), generator=g)
-            if torch.rand(1, generator=g) < 0.5:
-                pages = pages.unique()  # sorted, as select_pages gives them
-            if torch.rand(1, generator=g) < 0.3:
-                pages = torch.cat((pages, torch.arange(max(0, n_pages - 12), n_pages)))  # a recent run
-            pos = (pages[:, None] * page_size + torch.arange(page_size)).flatten()
-            want = scattered_positions(pos[pos < end])
-            assert scattered_pages(pages.tolist(), page_size, end) == want, (page_size, end, pages.tolist())
