@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import cpu_build
@@ -69,7 +70,8 @@ def load_library() -> ctypes.CDLL:
 
 
 def _int64(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
+    # through numpy: torch.tensor of a nested list costs ~20 us, several times per forward
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 @dataclass
@@ -183,9 +185,18 @@ class CpuAttention:
         calls `attend` layer by layer."""
         if not self._covers(q):
             return None
-        plans = [self._plan(layer, meta, q.shape[1]) for layer in range(num_layers)]
-        if any(p.rest or not p.rows.shape[0] for p in plans):
-            return None
+        # Layers whose rows read the same views and capture alike share a plan (a draft step: all but
+        # the refresh layer): look each up once, by a signature cheaper than _plan's own key.
+        by_signature: dict[tuple, _LayerPlan] = {}
+        plans = []
+        for layer in range(num_layers):
+            signature = tuple((id(r.sparse[layer]) if r.sparse else 0, layer in r.capture_layers) for r in meta.rows)
+            plan = by_signature.get(signature)
+            if plan is None:
+                plan = by_signature[signature] = self._plan(layer, meta, q.shape[1])
+                if plan.rest or not plan.rows.shape[0]:
+                    return None
+            plans.append(plan)
         kept_size = max(p.kept_scores for p in plans)
         kept = self._kept_buffer(kept_size) if kept_size else None
         lse = torch.empty(q.shape[:2], dtype=torch.float32) if kept_size else None
