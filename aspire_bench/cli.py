@@ -361,6 +361,8 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
                f"{res['beta_qk'] * 1e9:.3f} ns/(query x KV position)"
                + (f" beyond a row's first {res['qk_free']} queries" if res["beta_qk"] and res["qk_free"] else "")
                + ("" if res["beta_qk"] else " (query x KV term not significant)")
+               + (f" + {res['beta_multi'] * 1e9:.3f} ns/KV position read by a row of more than {res['qk_free']} "
+                  "tokens" if res.get("beta_multi") else "")
                + (f" + {res['beta_sparse'] * 1e9:.3f} ns/KV position read scattered through a sparse view"
                   if res["beta_sparse"] else " (sparse-view term not significant)"))
     from .decoders.scheduler import CostModel, fit_problem

@@ -42,6 +42,9 @@ from .selection import (
 CALIBRATION_CONTEXT = 4096
 # The grid's window rows: MagicDec's default sink + window view (sinks, positions in all).
 WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
+# The grid's verify rows: these numbers of drafts (+ 1 tokens). Every count up to 4 because that is
+# where decoders verify most and where a CPU kernel changes method (a step in the cost, not a slope).
+DRAFTS = (1, 2, 3, 4, 8, 16)
 
 
 def calibration_dir() -> Path:
@@ -98,7 +101,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
     return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse))
 
 
-def calibrate(engine: Engine, batch_size: int, context: int, drafts=(1, 4, 8, 16), ratios=(0.07, 0.25, 1.0),
+def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, ratios=(0.07, 0.25, 1.0),
               repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True,
               window: tuple[int, int] | None = WINDOW) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.

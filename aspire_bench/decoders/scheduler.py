@@ -23,6 +23,11 @@ def qk_term(rows, free: int = 0) -> float:
     return float(sum(max(0, r[0] - free) * r[1] for r in rows))
 
 
+def multi_term(rows, free: int) -> float:
+    """Sum over rows (tokens, KV positions read[, ...]) with more than `free` tokens of their KV read."""
+    return float(sum(r[1] for r in rows if r[0] > free))
+
+
 def sparse_term(rows) -> float:
     """Sum over rows (tokens, KV positions read, of which scattered) of the KV read scattered through views
     (0 for rows given as (tokens, KV read))."""
@@ -68,7 +73,8 @@ class RequestSchedule:
 class CostModel:
     """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
     + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read)
-    + beta_sparse * KV positions read scattered through sparse views.
+    + beta_sparse * KV positions read scattered through sparse views
+    + beta_multi * KV positions read by rows of more than qk_free tokens.
 
     The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
     arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
@@ -79,6 +85,13 @@ class CostModel:
     cost a CPU more per position than a contiguous prefix (short runs defeat the hardware
     prefetcher), so beta_sparse is what a position read in a short run (engine.SCATTERED_RUN)
     costs beyond beta_attn. A sink + window view is long runs and pays (almost) none of it.
+
+    The multi-query term is zero in the paper's model too. A CPU kernel may verify a row whose
+    queries no longer ride free by another method than a row whose queries do (the compiled kernel:
+    scores through a transposed K block, with a fixed cost per key whatever the queries), so the
+    first token past qk_free costs more than each later one: beta_multi per KV position is that
+    step, beta_qk the slope after it. It prices steps (rows_time: the simulator, the calibration's
+    own fit); the scheduler's c_i keeps the slope alone (cost_ratio).
     """
 
     beta0: float
@@ -89,18 +102,20 @@ class CostModel:
     r2: float | None = None
     qk_free: int = 0
     beta_sparse: float = 0.0
+    beta_multi: float = 0.0
 
-    def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0) -> float:
+    def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0,
+                  multi: float = 0.0) -> float:
         """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free); `sparse`: their
-        KV read scattered through views, sparse_term(rows)."""
+        KV read scattered through views, sparse_term(rows); `multi`: multi_term(rows, self.qk_free)."""
         return (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
-                + self.beta_sparse * sparse)
+                + self.beta_sparse * sparse + self.beta_multi * multi)
 
     def rows_time(self, rows) -> float:
         """The time of a step of these rows, each (tokens, KV positions read[, of which sparse])."""
         rows = list(rows)
         return self.step_time(sum(r[0] for r in rows), sum(r[1] for r in rows), qk_term(rows, self.qk_free),
-                              sparse_term(rows))
+                              sparse_term(rows), multi_term(rows, self.qk_free) if self.beta_multi else 0.0)
 
     def _uniform_time(self, batch: int, n: int, kv: float, sparse: float = 0.0) -> float:
         """rows_time of `batch` rows of n tokens reading kv positions each (`sparse` of them through a
@@ -126,12 +141,13 @@ class CostModel:
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
                 "beta_qk": self.beta_qk, "qk_free": self.qk_free, "beta_sparse": self.beta_sparse,
-                "source": self.source, "r2": self.r2}
+                "beta_multi": self.beta_multi, "source": self.source, "r2": self.r2}
 
     @classmethod
     def from_dict(cls, d: dict, source: str) -> CostModel:
         return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
-                   source, d.get("r2"), int(d.get("qk_free", 0)), float(d.get("beta_sparse", 0.0)))
+                   source, d.get("r2"), int(d.get("qk_free", 0)), float(d.get("beta_sparse", 0.0)),
+                   float(d.get("beta_multi", 0.0)))
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -185,9 +201,11 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
     term. A term that would fit below zero is held at 0.
 
     terms="paper": the paper's three terms. terms="auto": also the query x KV term (for each
-    candidate qk_free when the samples have rows) and the sparse term, each kept only when
-    significant (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that
-    explains the most (R^2). `fit_problem` says whether the fit may be used.
+    candidate qk_free when the samples have rows), with or without the multi-query term at the same
+    qk_free (rows only, qk_free >= 1), and the sparse term, each kept only when significant
+    (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that explains
+    the most (R^2), where a fit with the multi-query step must explain significantly more than the
+    best without it (F >= EXTRA_MIN_T^2). `fit_problem` says whether the fit may be used.
     """
     if terms not in ("auto", "paper"):
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
@@ -195,20 +213,28 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
     y = np.array([s[3] for s in norm])
     base = np.array([[1.0, s[0], s[1]] for s in norm])
     with_rows = all(len(s) == 5 for s in norm)
-    extras: list[tuple[int | None, np.ndarray | None]] = [(None, None)]  # (qk_free, sparse column)
+    # (qk_free, sparse column, multi-query term) of each candidate fit
     if terms == "auto":
         sparse = np.array([sparse_term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
         sparse_options = [None] + ([sparse] if sparse.std() > 0 else [])
         frees = [None, *(QK_FREE if with_rows else (0,))]
-        extras = [(free, sp) for free in frees for sp in sparse_options]
-    best = None
-    for free, sp in extras:
+        extras = [(free, sp, multi) for free in frees for sp in sparse_options
+                  for multi in ((False, True) if with_rows and free else (False,))]
+    else:
+        extras = [(None, None, False)]
+    best: dict[bool, CostModel | None] = {False: None, True: None}  # the best fit without / with the step
+    for free, sp, multi in extras:
         named = []  # (coefficient, column) beyond the three base terms
         if free is not None:
             q = np.array([qk_term(s[4], free) if with_rows else s[2] for s in norm])
             if q.std() == 0:
                 continue
             named.append(("beta_qk", q))
+        if multi:
+            m = np.array([multi_term(s[4], free) for s in norm])
+            if m.std() == 0:
+                continue
+            named.append(("beta_multi", m))
         if sp is not None:
             named.append(("beta_sparse", sp))
         beta, t, r2 = _nonnegative_lstsq(np.column_stack([base, *(col for _, col in named)]), y)
@@ -216,14 +242,27 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
             continue
         coef = dict(zip(("beta0", "beta_tok", "beta_attn", *(name for name, _ in named)), map(float, beta)))
         model = CostModel(**coef, source=source, r2=r2, qk_free=free or 0)
-        if best is None or (r2 or 0) > (best.r2 or 0):
-            best = model
-    return best
+        if best[multi] is None or (r2 or 0) > (best[multi].r2 or 0):
+            best[multi] = model
+    plain, stepped = best[False], best[True]
+    if stepped is None or (plain is not None and _improvement(plain, stepped, len(y), 6) < EXTRA_MIN_T ** 2):
+        return plain
+    return stepped
+
+
+def _improvement(simpler: CostModel, richer: CostModel, n: int, params: int) -> float:
+    """F statistic of the richer fit's reduction of the residual over the simpler's. A step at qk_free
+    = f' with a slope after it matches a slope from f < f' wherever the samples have no row of f + 1
+    .. f' tokens: such a richer fit explains the same, and must not win by fitting noise."""
+    if richer.r2 is None or simpler.r2 is None:
+        return 0.0
+    return (richer.r2 - simpler.r2) * max(1, n - params) / max(1e-12, 1.0 - richer.r2)
 
 
 def fit_problem(model: CostModel) -> str | None:
     """Why a fitted cost model must not be used, or None when it may."""
-    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse") if getattr(model, k) < 0]
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse", "beta_multi")
+                if getattr(model, k) < 0]
     if negative:
         return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"
     if model.r2 is None or model.r2 < MIN_R2:

@@ -5,7 +5,8 @@ which scattered through a sparse view]), as in a stored run's step rows. Two mod
 
 - `CalibratedCost`: this machine's fitted cost model (decoders/scheduler.py CostModel):
   beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of (tokens beyond the
-  first qk_free) x KV read + beta_sparse * KV read scattered through sparse views.
+  first qk_free) x KV read + beta_sparse * KV read scattered through sparse views + beta_multi * KV
+  read by rows of more than qk_free tokens.
 - `Roofline`: a hardware profile and a model shape. A step reads every weight once and each row's
   KV; it computes 2 FLOPs per weight per token plus attention's 4 * heads * head_dim FLOPs per
   (query, KV position) per layer. time = max(bytes / (BW * eff_bw), FLOPs / (peak * eff_flops))
@@ -155,8 +156,8 @@ class Roofline:
 
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         """What `aspire-bench calibrate --batch-size batch --context-len context` would fit on this
-        hardware: the linear model fitted to this roofline's times over the calibration's grid (draft
-        and verify rows mixed, two lengths)."""
+        hardware: the linear model fitted to this roofline's times over a calibration grid (draft
+        and verify rows of 1, 4, 8 and 16 drafts mixed, two lengths)."""
         samples = []
         for length in (context // 4, context):
             for n_verify in sorted({0, batch // 2, batch}):

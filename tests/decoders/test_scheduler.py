@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from aspire_bench.decoders.scheduler import (
     best_gamma,
     fit_cost_model,
     fit_problem,
+    multi_term,
     qk_term,
     update_alpha,
 )
@@ -92,16 +94,17 @@ def test_cost_ratio_reduces_to_the_paper_without_qk_and_grows_with_it():
     assert qk.cost_ratio(8, 1000, 16000, 4) > paper.cost_ratio(8, 1000, 16000, 4)
 
 
-def _hinge_samples(free: int, seed: int, n_steps: int = 90):
-    """Steps of 8 rows, drafts (1 token) and verifies (2..17 tokens) mixed, timed by a model whose
-    first `free` queries of a row cost nothing beyond its KV read, with 1% noise."""
+def _hinge_samples(free: int, seed: int, n_steps: int = 90, jump: float = 0.0, tokens=(1, 2, 5, 9, 17)):
+    """Steps of 8 rows, drafts (1 token) and verifies (`tokens`) mixed, timed by a model whose
+    first `free` queries of a row cost nothing beyond its KV read, and whose rows of more cost `jump`
+    per KV position besides, with 1% noise."""
     gen = np.random.default_rng(seed)
     samples = []
     for _ in range(n_steps):
-        rows = [(int(gen.choice([1, 2, 5, 9, 17])), int(gen.integers(1000, 17000))) for _ in range(8)]
+        rows = [(int(gen.choice(tokens)), int(gen.integers(1000, 17000))) for _ in range(8)]
         n, kv = sum(r[0] for r in rows), sum(r[1] for r in rows)
-        t = (0.001 + 5e-5 * n + 2e-8 * kv + 3e-9 * qk_term(rows, free)) * (1 + 0.01 * gen.standard_normal())
-        samples.append((n, kv, qk_term(rows), t, rows))
+        t = 0.001 + 5e-5 * n + 2e-8 * kv + 3e-9 * qk_term(rows, free) + jump * multi_term(rows, free)
+        samples.append((n, kv, qk_term(rows), t * (1 + 0.01 * gen.standard_normal()), rows))
     return samples
 
 
@@ -110,8 +113,26 @@ def test_fit_finds_how_many_queries_ride_free_on_the_kv_read(free, seed):
     m = fit_cost_model(_hinge_samples(free, seed))
     assert m.qk_free == free, f"seed {seed}"
     assert m.beta_qk == pytest.approx(3e-9, rel=0.15) and m.beta_attn == pytest.approx(2e-8, rel=0.15)
+    assert m.beta_multi == 0.0  # no step where the queries stop riding free: not significant
     again = CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay")
     assert again.qk_free == free and again.rows_time([(5, 4000)]) == m.rows_time([(5, 4000)])
+
+
+def test_fit_finds_a_step_where_the_queries_stop_riding_free(seed):
+    """A kernel that changes method past 2 tokens per row: a step of 1.5e-8 per KV position (3/4 of a
+    position's read), then a slope; the paper's terms and the slope alone misprice 3-token rows."""
+    samples = _hinge_samples(2, seed, jump=1.5e-8, tokens=(1, 2, 3, 4, 5, 9, 17))  # the calibration's grid
+    m = fit_cost_model(samples)
+    assert m.qk_free == 2 and m.beta_multi == pytest.approx(1.5e-8, rel=0.15), f"seed {seed}"
+    assert m.beta_qk == pytest.approx(3e-9, rel=0.15) and fit_problem(m) is None
+    again = CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay")
+    rows = [(3, 16000), (1, 1000)]
+    assert again.beta_multi == m.beta_multi and again.rows_time(rows) == m.rows_time(rows)
+    assert m.rows_time(rows) - m.rows_time([(2, 16000), (1, 1000)]) == pytest.approx(
+        m.beta_tok + 16000 * (m.beta_multi + m.beta_qk))
+    assert fit_cost_model(samples, terms="paper").beta_multi == 0.0
+    # the scheduler's c keeps the slope alone: the same with and without the step
+    assert m.cost_ratio(8, 1000, 16000, 1) == replace(m, beta_multi=0.0).cost_ratio(8, 1000, 16000, 1)
 
 
 def _sparse_samples(beta_sparse: float, seed: int, n_steps: int = 90):
