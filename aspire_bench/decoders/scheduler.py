@@ -245,7 +245,8 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
         if best[multi] is None or (r2 or 0) > (best[multi].r2 or 0):
             best[multi] = model
     plain, stepped = best[False], best[True]
-    if stepped is None or (plain is not None and _improvement(plain, stepped, len(y), 6) < EXTRA_MIN_T ** 2):
+    params = 3 + sum(c > 0 for c in (stepped.beta_qk, stepped.beta_multi, stepped.beta_sparse)) if stepped else 0
+    if stepped is None or (plain is not None and _improvement(plain, stepped, len(y), params) < EXTRA_MIN_T ** 2):
         return plain
     return stepped
 

@@ -214,13 +214,13 @@ class CompiledDense:
         if calls is not None:  # the whole layer loop in one call
             attn = torch.empty(T, hq, d)
             rc = self._forward(self._layer_table.data_ptr(), L, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp,
-                               sp, T, calls.attention, calls.reduce_scores, calls.table.data_ptr(), calls.scale,
-                               calls.page_size, threads)
+                               sp, T, calls.attention, calls.reduce_scores, calls.table.data_ptr(), meta.scale,
+                               meta.page_size, threads)
             if rc == 1:
                 raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
             if rc:
                 raise ValueError(f"the CPU attention kernel rejected the shapes (Hq={hq}, D={d}, page size "
-                                 f"{calls.page_size}; code {rc})")
+                                 f"{meta.page_size}; code {rc})")
             return self._logits(xp, dims, eps, logit_rows, threads), calls.captures()
         if self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
             raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")

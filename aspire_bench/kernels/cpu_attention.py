@@ -85,6 +85,10 @@ class _LayerPlan:
     cap_sizes: list[int]  # output length per capturing row (pages or keys)
     kept_scores: int  # floats of scores the attention call keeps for the reduction
 
+    def split_scores(self, scores: torch.Tensor) -> dict[int, torch.Tensor]:
+        """{row: its scores} from the reduction's output for this layer."""
+        return dict(zip(self.cap_rows, scores.split(self.cap_sizes)))
+
 
 @dataclass
 class LayerCalls:
@@ -96,8 +100,6 @@ class LayerCalls:
     table: torch.Tensor
     attention: int  # address of aspire_attention
     reduce_scores: int  # address of aspire_reduce_scores
-    page_size: int
-    scale: float
     _scores: dict[int, tuple[_LayerPlan, torch.Tensor]]  # capturing layer -> (its plan, its output)
     _keep: list
 
@@ -105,7 +107,7 @@ class LayerCalls:
         """{row: {layer: scores}} once the call has run, as the per-layer path returns them."""
         out: dict[int, dict[int, torch.Tensor]] = {}
         for layer, (plan, scores) in self._scores.items():
-            for row, s in zip(plan.cap_rows, scores.split(plan.cap_sizes)):
+            for row, s in plan.split_scores(scores).items():
                 out.setdefault(row, {})[layer] = s
         return out
 
@@ -130,18 +132,20 @@ class CpuAttention:
     def _plan(self, layer: int, meta: AttentionMeta, hq: int) -> _LayerPlan:
         """Kernel inputs for this layer. Layers whose rows read as many keys and capture alike share the
         row descriptors (every layer of a draft step but ASPIRE's refresh layer; every layer of a Vegas
-        draft step, whose views differ per layer); only the concatenated key indices are per view."""
-        views = [r.view(layer) for r in meta.rows]
-        shape = tuple((None if v is None else v.numel(), r.captures_at(layer)) for r, v in zip(meta.rows, views))
-        ids = tuple(id(v) for v in views if v is not None)
+        draft step, whose views differ per layer); only the concatenated key indices are per view.
+        A plan is found by its rows' view objects and capture flags, which a forward's metadata fixes:
+        cheap enough to look up for every layer of every step."""
+        key = tuple((id(r.sparse[layer]) if r.sparse else 0, layer in r.capture_layers) for r in meta.rows)
         plans = meta.backend_cache.setdefault("cpu_plans", {})
-        plan = plans.get((shape, ids))
+        plan = plans.get(key)
         if plan is None:
+            views = [r.view(layer) for r in meta.rows]
+            shape = tuple((None if v is None else v.numel(), r.captures_at(layer)) for r, v in zip(meta.rows, views))
             layouts = meta.backend_cache.setdefault("cpu_layouts", {})
             if shape not in layouts:
                 layouts[shape] = self._describe(meta, views, shape, hq)
             idx = [v for r, v in zip(meta.rows, views) if v is not None and r.n < SDPA_MIN_QUERIES]
-            plan = plans[(shape, ids)] = replace(layouts[shape], idx=torch.cat(idx).to(torch.int64).contiguous()
+            plan = plans[key] = replace(layouts[shape], idx=torch.cat(idx).to(torch.int64).contiguous()
                                                  if idx else _int64([0]))
         return plan
 
@@ -185,18 +189,9 @@ class CpuAttention:
         calls `attend` layer by layer."""
         if not self._covers(q):
             return None
-        # Layers whose rows read the same views and capture alike share a plan (a draft step: all but
-        # the refresh layer): look each up once, by a signature cheaper than _plan's own key.
-        by_signature: dict[tuple, _LayerPlan] = {}
-        plans = []
-        for layer in range(num_layers):
-            signature = tuple((id(r.sparse[layer]) if r.sparse else 0, layer in r.capture_layers) for r in meta.rows)
-            plan = by_signature.get(signature)
-            if plan is None:
-                plan = by_signature[signature] = self._plan(layer, meta, q.shape[1])
-                if plan.rest or not plan.rows.shape[0]:
-                    return None
-            plans.append(plan)
+        plans = [self._plan(layer, meta, q.shape[1]) for layer in range(num_layers)]
+        if any(p.rest or not p.rows.shape[0] for p in plans):
+            return None
         kept_size = max(p.kept_scores for p in plans)
         kept = self._kept_buffer(kept_size) if kept_size else None
         lse = torch.empty(q.shape[:2], dtype=torch.float32) if kept_size else None
@@ -209,8 +204,7 @@ class CpuAttention:
                 call[3:] = [lse.data_ptr(), kept.data_ptr(), p.cap_desc.data_ptr(), p.cap_desc.shape[0],
                             p.cap_tokens.data_ptr(), out.data_ptr()]
             table.append(call)
-        return LayerCalls(_int64(table), *self._addresses, meta.page_size, meta.scale, scores,
-                          [plans, kept, lse])
+        return LayerCalls(_int64(table), *self._addresses, scores, [plans, kept, lse])
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
         if not self._covers(q):
@@ -240,7 +234,7 @@ class CpuAttention:
                                      scores.data_ptr(), hq, threads)
             if rc:
                 raise ValueError(f"the CPU score kernel rejected page size {meta.page_size}")
-            captures = dict(zip(plan.cap_rows, scores.split(plan.cap_sizes)))
+            captures = plan.split_scores(scores)
         for i in plan.rest:
             row = meta.rows[i]
             o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
