@@ -276,6 +276,7 @@ def train_tiny(
     init_from: str | Path | None = None,
     checkpoint_every: int = 0,
     eval_every: int = 0,
+    eval_contexts: tuple[int, ...] = (4096,),
     corpus_name: str = "stdlib",
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
@@ -287,8 +288,8 @@ def train_tiny(
     `checkpoint_every` steps the whole training state (weights, optimizer, step, data and RNG state)
     is saved to `out_dir/checkpoint.pt`; a run started again with the same arguments resumes from it
     and takes exactly the steps it would have taken uninterrupted (step-count schedules only).
-    `eval_every` steps the held-out loss at 4k context is appended to `out_dir/curve.jsonl`, and the
-    weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
+    `eval_every` steps the held-out loss at each of `eval_contexts` is appended to `out_dir/curve.jsonl`
+    (as `heldout_loss_<context>`), and the weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
     against tokens afterwards. `corpus_name` picks the training corpus (corpus.training_files).
     """
     import transformers
@@ -375,9 +376,10 @@ def train_tiny(
         step += 1
         if eval_every and step % eval_every == 0:
             point = {"step": step, "tokens_seen": tokens_seen,
-                     "train_loss": round(float(np.mean(losses[-eval_every:])), 4),
-                     "heldout_loss_4096": round(heldout_loss(model, tok, 4096, eval_tokens or 4096), 4),
-                     "train_wall_s": round(time.time() - t_train, 1)}
+                     "train_loss": round(float(np.mean(losses[-eval_every:])), 4)}
+            for c in eval_contexts:  # at least one whole window of each context
+                point[f"heldout_loss_{c}"] = round(heldout_loss(model, tok, c, max(eval_tokens, c)), 4)
+            point["train_wall_s"] = round(time.time() - t_train, 1)
             with curve_path.open("a") as f:
                 f.write(json.dumps(point) + "\n")
             snapshot = out_dir / "curve" / f"step_{step}"
@@ -456,12 +458,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="stdlib: the standard library; python: stdlib + the Python source of the installed "
                          "dependencies (torch, transformers, pandas, ...), ~50x the text")
     ap.add_argument("--eval-every", type=int, default=0,
-                    help="append the held-out loss at 4k to OUT/curve.jsonl every N steps (learning curve)")
+                    help="append the held-out loss to OUT/curve.jsonl every N steps (learning curve)")
+    ap.add_argument("--eval-contexts", default="4096",
+                    help="comma-separated contexts at which --eval-every scores the held-out loss")
     args = ap.parse_args(argv)
     try:
         long_lens = tuple(int(x) for x in args.long_lens.split(","))
     except ValueError:
         ap.error(f"--long-lens takes comma-separated integers, got {args.long_lens!r}")
+    try:
+        eval_contexts = tuple(int(x) for x in args.eval_contexts.split(","))
+    except ValueError:
+        ap.error(f"--eval-contexts takes comma-separated integers, got {args.eval_contexts!r}")
+    if any(n <= 1 for n in eval_contexts):
+        ap.error("--eval-contexts entries must be at least 2 tokens")
     if any(n <= 0 for n in long_lens) or args.checkpoint_every < 0 or args.eval_every < 0:
         ap.error("--long-lens entries must be positive; --checkpoint-every and --eval-every at least 0")
     if args.checkpoint_every and args.minutes is not None:
@@ -478,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                                  long_lens=long_lens)
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
                    threads=args.threads, command=command, init_from=args.init_from, settings=settings,
-                   checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, corpus_name=args.corpus)
+                   checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, eval_contexts=eval_contexts,
+                   corpus_name=args.corpus)
     return 0
 
 

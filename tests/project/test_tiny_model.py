@@ -103,7 +103,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     from aspire_bench.tinymodel import train
 
     files = corpus.list_files("train")[:4]
-    kw = dict(max_steps=8, files=files, eval_tokens=0, log_every=100, checkpoint_every=3, eval_every=4)
+    kw = dict(max_steps=8, files=files, eval_tokens=0, log_every=100, checkpoint_every=3, eval_every=4,
+              eval_contexts=(4096, 1024))
     whole = train_tiny(tmp_path / "whole", settings=_small_settings(), **kw)
 
     real_save = train.save_checkpoint
@@ -121,7 +122,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     assert not (tmp_path / "resumed" / train.CHECKPOINT).exists()  # removed once the run is complete
     assert resumed["steps"] == whole["steps"] == 8
     assert resumed["final_train_loss"] == whole["final_train_loss"]
-    assert [p["step"] for p in resumed["curve"]] == [4, 8] and resumed["curve"][0]["heldout_loss_4096"] > 0
+    assert [p["step"] for p in resumed["curve"]] == [4, 8]
+    assert all(p["heldout_loss_4096"] > 0 and p["heldout_loss_1024"] > 0 for p in resumed["curve"])
     a = (tmp_path / "whole" / "model.safetensors").read_bytes()
     b = (tmp_path / "resumed" / "model.safetensors").read_bytes()
     assert a == b
@@ -185,3 +187,16 @@ def test_learning_curve_extrapolation_solves_its_fits():
     flat = [{"tokens_total": t, "heldout_loss_4096": 4.2} for t in (1e6, 2e6)]
     assert lc.tokens_for_loss(flat, 3.9, 4) is None  # not improving: no extrapolation, never a made-up number
     assert lc.tokens_for_loss(pts[:1], 3.9, 4) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--long-lens", "4096,x"], "--long-lens takes comma-separated integers"),
+    (["--eval-contexts", "4k"], "--eval-contexts takes comma-separated integers"),
+    (["--eval-contexts", "4096,1"], "--eval-contexts entries must be at least 2 tokens"),
+])
+def test_train_tiny_refuses_bad_lists_in_one_line(tmp_path, capsys, args, message):
+    from aspire_bench.tinymodel.train import main
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "out"), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before any work
