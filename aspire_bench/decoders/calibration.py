@@ -36,6 +36,7 @@ from .selection import (
     select_pages,
     streaming_positions,
 )
+from .speculative import accept_sampling
 
 # Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
 # positions read, so the fit carries to longer contexts.
@@ -79,20 +80,39 @@ def calibration_path(engine: Engine, batch_size: int) -> Path:
     return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
 
 
+def last_level_cache_bytes(device: torch.device) -> int:
+    """The size of the device's last-level cache (a CPU's largest, a GPU's L2); 32 MiB when unknown."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or 32 << 20
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * unit)
+        except ValueError:
+            continue
+    return max(sizes, default=32 << 20)
+
+
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[tuple[int, int]]]:
     """(seconds, each row's KV read and the part of it scattered through a sparse view, as the engine reports
     them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
-    distributions in one batched call (the paper's sampling), a draw for each one-token row, and for
+    distributions in one batched call (the paper's sampling), a draw for each one-token row, for
     each one-token row that captured page scores the next draft's page selection (ASPIRE's default
-    budget)."""
+    budget), and for each verify row the rejection sampling of its drafts (against stand-in draft
+    distributions: the row's next positions', so that some drafts are rejected, as in decoding)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
     parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
     probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
     for i, (row, p) in enumerate(zip(rows, probs)):
-        if row.n == 1:
+        if row.n > 1:
+            accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
+                            PAPER_SAMPLING, gen, p)
+        else:
             sample_from(p[0], gen)
             if row.capture is not None:
                 n_pages = -(-(row.start + 1) // engine.page_size)
@@ -158,8 +178,11 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     # Rounds over the whole grid in a fresh random order each, the first a warm-up: a drift in the
     # machine's speed while it runs (large on a shared VM) then lands on every grid point alike
     # instead of on the points timed last, and the median per point resists the rest. Each timed
-    # step follows an untimed one of the same rows, as in decoding, where steps follow steps like
-    # them: a window draft finds its window and the weights still in the last-level cache.
+    # step follows an untimed one of the same rows (its code paths and buffers warm), then a read of
+    # twice the last-level cache: in decoding a step mostly follows one that streamed more KV than
+    # the cache holds (every AR step, a verification, ASPIRE's steps, where some row verifies), so
+    # it finds neither its KV nor the weights there.
+    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4, device=engine.device).fill_(1.0)
     walls, reads = [[] for _ in steps], [None] * len(steps)
     first = 0 if warmup else 1
     for rnd in range(first, repeats + 1):
@@ -167,9 +190,11 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
         rng.shuffle(order)
         for done, i in enumerate(order):
             length, rows = steps[i]
-            for _ in range(2):
+            for timed in (False, True):
                 for slot in slots:
                     slot.length = length
+                if timed:
+                    flush.sum().item()
                 wall, reads[i] = _time_step(engine, rows, gen)
                 for slot in slots:
                     engine.rollback(slot, length)

@@ -297,6 +297,47 @@ def test_calibration_times_window_drafts(random_engine):
     assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
 
 
+def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, monkeypatch):
+    """Each timed step comes right after a read of twice the last-level cache (as in decoding, after a
+    step that streamed more KV than the cache holds), and includes the rejection sampling of every
+    verify row's drafts, as the loop's step does."""
+    from aspire_bench.decoders import calibration
+    assert calibration.last_level_cache_bytes(torch.device("cpu")) >= 1 << 20
+    events = []
+    real_accept, real_time = calibration.accept_sampling, calibration._time_step
+    real_sum = torch.Tensor.sum
+
+    def accept(logits, drafts, qs, *a):
+        events.append(("accept", len(drafts), logits.shape[0], len(qs)))
+        return real_accept(logits, drafts, qs, *a)
+
+    def time_step(engine, rows, gen):
+        events.append(("step", [r.n for r in rows]))
+        return real_time(engine, rows, gen)
+
+    def flush_sum(x, *a, **k):
+        if x.numel() * x.element_size() == 2 * calibration.last_level_cache_bytes(x.device):
+            events.append(("flush",))
+        return real_sum(x, *a, **k)
+
+    monkeypatch.setattr(calibration, "accept_sampling", accept)
+    monkeypatch.setattr(calibration, "_time_step", time_step)
+    monkeypatch.setattr(torch.Tensor, "sum", flush_sum)
+    calibration.calibrate(random_engine, batch_size=2, context=256, drafts=(1, 3), ratios=(0.25,), repeats=1,
+                          warmup=False, window=None)
+    steps = [i for i, e in enumerate(events) if e[0] == "step"] + [len(events)]
+    assert len(steps) - 1 == 2 * (2 * 3 * 2)  # every grid point: an untimed step, then the timed one
+    for j in range(len(steps) - 1):
+        flushes = [e for e in events[steps[j] + 1:steps[j + 1]] if e == ("flush",)]
+        # the flush comes last before each timed step, and only there
+        assert len(flushes) == (j % 2 == 0) and (j % 2 or events[steps[j + 1] - 1] == ("flush",))
+    for i, end in zip(steps, steps[1:]):
+        accepts = [e for e in events[i + 1:end] if e[0] == "accept"]
+        verify = [n for n in events[i][1] if n > 1]
+        # one rejection sampling per verify row, of its n - 1 drafts, with a stand-in q for each
+        assert [(d, n, q) for _, d, n, q in accepts] == [(n - 1, n, n - 1) for n in verify]
+
+
 def test_calibration_rounds_pool_point_by_point(random_engine):
     from aspire_bench.decoders.calibration import calibrate, pooled_calibration
     kw = {"batch_size": 2, "context": 256, "drafts": (1, 4), "ratios": (0.25, 1.0), "repeats": 1, "warmup": False}
