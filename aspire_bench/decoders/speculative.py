@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .base import SamplingParams
-from .common import logits_to_probs, sample_from
+from .common import logits_to_probs, sample_from, sample_residual
 
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
@@ -28,11 +28,11 @@ def accept_sampling(target_logits: torch.Tensor, drafts: list[int], qs: list[tor
     sample from normalize(max(0, p - q)); if all are accepted, the bonus comes from p.
     `p`: the target distributions of target_logits when already computed."""
     p = logits_to_probs(target_logits, params) if p is None else p
+    host = p.device.type == "cpu"
+    pv = p.numpy() if host else p  # single values read through numpy: a torch index costs ~3 us each
     for j, (x, q) in enumerate(zip(drafts, qs)):
         u = float(torch.rand((), generator=gen, device=p.device))
-        if u * float(q[x]) < float(p[j, x]):  # u < p/q without dividing by a zero q
+        if u * float((q.numpy() if host else q)[x]) < float(pv[j, x]):  # u < p/q without dividing by a zero q
             continue
-        resid = (p[j] - q).clamp_min(0)
-        total = float(resid.sum())
-        return j, sample_from(resid / total if total > 0 else p[j], gen)
+        return j, sample_residual(p[j], q, gen)
     return len(drafts), sample_from(p[len(drafts)], gen)

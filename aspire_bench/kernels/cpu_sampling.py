@@ -1,6 +1,7 @@
-"""Compiled top-k sampling distributions for the CPU (csrc/cpu_sampling.cpp), built and loaded like the
-other kernels (cpu_build). decoders/common.py uses it for fp32 logits on a CPU when top-k is on and
-falls back to its torch ops where it cannot be built (no compiler), with the same distribution.
+"""Compiled top-k sampling distributions and draws for the CPU (csrc/cpu_sampling.cpp), built and loaded
+like the other kernels (cpu_build). decoders/common.py uses them for fp32 tensors on a CPU (the
+distributions when top-k is on) and falls back to its torch ops where they cannot be built (no
+compiler): the same distributions, the same draws.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def _open(path: Path) -> ctypes.CDLL:
     p, i64, f32, f64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_double, ctypes.c_int
     lib.aspire_top_k_probs.argtypes = [p, i64, i64, f32, i64, f64, p, i32]
     lib.aspire_top_k_probs.restype = ctypes.c_int
+    lib.aspire_draw.argtypes = [p, p, i64, f32]
+    lib.aspire_draw.restype = i64
     return lib
 
 
@@ -56,3 +59,16 @@ def top_k_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     if rc:
         raise ValueError(f"the CPU sampling kernel rejected temperature {temperature}, top-k {top_k}")
     return out
+
+
+def draw(p: torch.Tensor, u: float, q: torch.Tensor | None = None) -> int | None:
+    """The index sample_from's inverse CDF picks for the uniform u (a float32 value in [0, 1)): of the
+    1-D distribution p, or with q of max(0, p - q) unnormalised; -1 when it has no mass. None when the
+    kernel does not apply (another device or dtype, a strided row) or is not available."""
+    ok = (p.device.type == "cpu" and p.dtype == torch.float32 and p.dim() == 1 and p.is_contiguous()
+          and (q is None or (q.device.type == "cpu" and q.dtype == torch.float32 and q.shape == p.shape
+                             and q.is_contiguous())))
+    lib = (_lib or load_library()) if ok else None  # per draw: skip the lock once loaded
+    if lib is None:
+        return None
+    return lib.aspire_draw(p.data_ptr(), None if q is None else q.data_ptr(), p.numel(), u)

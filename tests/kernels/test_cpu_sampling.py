@@ -70,3 +70,56 @@ def test_logits_to_probs_uses_it_on_cpu_fp32_and_falls_back_with_the_same_distri
     monkeypatch.setattr(cpu_sampling, "load_library", lambda: None)  # no compiler: the torch ops
     torch.testing.assert_close(logits_to_probs(logits, params), fast, rtol=1e-5, atol=1e-7)
     assert cpu_sampling.top_k_probs(logits.double(), 0.7, 50, 0.9) is None  # other dtypes: torch
+
+
+def draw_reference(p: torch.Tensor, u: float, q: torch.Tensor | None = None) -> int:
+    """The draw's definition in torch ops: the running sums of the mass (torch.cumsum: double inside,
+    fp32 out), u scaled to their total in fp32, the first sum above it, else the last index with mass;
+    -1 without mass."""
+    mass = p if q is None else (p - q).clamp_min(0)
+    if not bool(mass.any()):
+        return -1
+    cdf = mass.cumsum(0)
+    i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float32) * cdf[-1], right=True))
+    return i if i < p.numel() else int(torch.nonzero(mass).max())
+
+
+@pytest.mark.parametrize("vocab,top_k", [(4096, 50), (4096, 4096), (37, 5)])
+def test_draw_picks_the_definitions_index(vocab, top_k, seed):
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0.7, top_k=top_k if top_k < vocab else 0, top_p=0.9)
+    probs = logits_to_probs(torch.randn(16, vocab, generator=g) * 4, params)
+    # uniforms anywhere in [0, 1), the largest float32 below 1 (rounds up to the total) and 0
+    us = [*torch.rand(64, generator=g).tolist(), float(torch.tensor(1.0).nextafter(torch.tensor(0.0))), 0.0]
+    for r in range(16):
+        p, q = probs[r], probs[(r + 1) % 16]
+        for u in us:
+            assert cpu_sampling.draw(p, u) == draw_reference(p, u)
+            assert cpu_sampling.draw(p, u, q) == draw_reference(p, u, q)
+    # one likely token and a long flat tail: the running sums must keep double precision to land where
+    # torch's do (summed in fp32 they drift by several positions in the tail)
+    tail = torch.full((vocab,), 0.01 / (vocab - 1))
+    tail[0] = 0.99
+    for u in torch.linspace(0.991, 0.9999, 50).tolist():
+        assert cpu_sampling.draw(tail, u) == draw_reference(tail, u)
+    assert cpu_sampling.draw(probs[0], 0.5, probs[0]) == -1  # p - p has no mass
+    assert cpu_sampling.draw(probs[:, 0], 0.5) is None  # a strided column: the torch ops
+    assert cpu_sampling.draw(probs[0].double(), 0.5) is None
+
+
+def test_draws_fall_back_to_the_same_indices(monkeypatch, seed):
+    """sample_from and sample_residual give the same index with the kernel and without it (one uniform
+    each), and a residual without mass draws from p."""
+    from aspire_bench.decoders.common import sample_from, sample_residual
+    g = torch.Generator().manual_seed(seed)
+    probs = logits_to_probs(torch.randn(8, 4096, generator=g) * 4, SamplingParams(0.7, 50, 0.9))
+    pairs = [(probs[r], probs[(r + 3) % 8]) for r in range(8)] + [(probs[0], probs[0])]
+
+    def draws():
+        gen = torch.Generator().manual_seed(seed)
+        return [(sample_from(p, gen), sample_residual(p, q, gen)) for p, q in pairs for _ in range(20)]
+
+    fast = draws()
+    monkeypatch.setattr(cpu_sampling, "load_library", lambda: None)
+    assert draws() == fast
+    assert all(probs[0][i] > 0 for i in (b for _, b in fast[-20:]))  # p - p: drawn from p
