@@ -1,6 +1,7 @@
 """Speculative decoders: exact greedy parity with AR, rejection sampling, scheduler, selection, traces."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -331,7 +332,7 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
         flushes = [e for e in events[steps[j] + 1:steps[j + 1]] if e == ("flush",)]
         # the flush comes last before each timed step, and only there
         assert len(flushes) == (j % 2 == 0) and (j % 2 or events[steps[j + 1] - 1] == ("flush",))
-    for i, end in zip(steps, steps[1:]):
+    for i, end in itertools.pairwise(steps):
         accepts = [e for e in events[i + 1:end] if e[0] == "accept"]
         verify = [n for n in events[i][1] if n > 1]
         # one rejection sampling per verify row, of its n - 1 drafts, with a stand-in q for each
