@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..decoders.base import PAPER_SAMPLING
-from ..decoders.calibration import CALIBRATION_CONTEXT, calibrate, pooled_calibration
+from ..decoders.calibration import calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -222,10 +222,13 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
 
 
 def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
-    """One timed round of ASPIRE's calibration grid (calibration.calibrate) at its context, or the
-    cell's when shorter: the same grid every round, so the rounds pool point by point; the seed
-    changes the order its points are timed in (and which random pages a draft reads)."""
-    context = min(CALIBRATION_CONTEXT, parse_bucket(cell.context_len)[0], engine.max_context - 16 - engine.page_size - 1)
+    """One timed round of ASPIRE's calibration grid (calibration.calibrate) at the cell's context: the
+    same grid every round, so the rounds pool point by point; the seed changes the order its points
+    are timed in (and which random pages a draft reads). At the cell's own context because a step's
+    cost per KV position is not the same at every length on a CPU: 8 rows' KV of one layer fits the
+    last-level cache at 4k and streams from memory at 16k, where a verification's arithmetic no
+    longer hides under the read."""
+    context = min(parse_bucket(cell.context_len)[0], engine.max_context - 16 - engine.page_size - 1)
     return calibrate(engine, cell.batch_size, context, repeats=1, seed=seed, warmup=False)
 
 

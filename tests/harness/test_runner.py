@@ -215,3 +215,18 @@ def test_bench_keeps_the_calibration_round_after_each_runs_traced_repeat(random_
         k = row.record.info["adjacent_calibration"]["beta_attn"] / 1e-8
         assert min(abs(k - r) for r in after[row.decoder]) < 1e-6, (row.decoder, k)
         assert row.record.info["interleaved_calibration"]["beta_attn"] == pytest.approx(2.5e-8)
+
+
+def test_bench_calibration_rounds_run_at_the_cells_context(random_tiny, monkeypatch):
+    """A cell's calibration round times the grid at the cell's own context (a step's cost per KV
+    position differs between lengths whose KV fits the cache and lengths whose KV streams), capped by
+    what the engine can hold."""
+    from aspire_bench.harness import bench as B
+    from aspire_bench.harness.runner import load_engine
+    seen = []
+    monkeypatch.setattr(B, "calibrate", lambda engine, batch, context, **kw: seen.append((batch, context)) or {})
+    engine = load_engine(str(random_tiny), "float32", "cpu", "auto")
+    for ctx in ("1k", "4k", "64k"):
+        B._calibration_round(engine, RunConfig(model=str(random_tiny), context_len=ctx, batch_size=2))
+    cap = engine.max_context - 16 - engine.page_size - 1
+    assert seen == [(2, 1024), (2, 4096), (2, cap)] and cap < 64 * 1024
