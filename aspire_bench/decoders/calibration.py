@@ -181,8 +181,11 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     # step follows an untimed one of the same rows (its code paths and buffers warm), then a read of
     # twice the last-level cache: in decoding a step mostly follows one that streamed more KV than
     # the cache holds (every AR step, a verification, ASPIRE's steps, where some row verifies), so
-    # it finds neither its KV nor the weights there.
-    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4, device=engine.device).fill_(1.0)
+    # it finds neither its KV nor the weights there. A step that itself streams more than the flush
+    # would (its KV and the weights) needs none: its own untimed run left little of it cached.
+    flush_bytes = 2 * last_level_cache_bytes(engine.device)
+    flush = torch.empty(flush_bytes // 4, device=engine.device).fill_(1.0)
+    weight_bytes, bytes_per_position = engine.model.weight_bytes(), engine.cache.bytes_per_position
     walls, reads = [[] for _ in steps], [None] * len(steps)
     first = 0 if warmup else 1
     for rnd in range(first, repeats + 1):
@@ -193,8 +196,8 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
             for timed in (False, True):
                 for slot in slots:
                     slot.length = length
-                if timed:
-                    flush.sum().item()
+                if timed and rnd and weight_bytes + sum(r for r, _ in reads[i]) * bytes_per_position < flush_bytes:
+                    flush.sum().item()  # (not in the warm-up round: its times are not kept)
                 wall, reads[i] = _time_step(engine, rows, gen)
                 for slot in slots:
                     engine.rollback(slot, length)

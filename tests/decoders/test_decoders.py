@@ -337,6 +337,12 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
         verify = [n for n in events[i][1] if n > 1]
         # one rejection sampling per verify row, of its n - 1 drafts, with a stand-in q for each
         assert [(d, n, q) for _, d, n, q in accepts] == [(n - 1, n, n - 1) for n in verify]
+    # on a machine whose cache is smaller than what every step reads, no step needs the flush
+    events.clear()
+    monkeypatch.setattr(calibration, "last_level_cache_bytes", lambda device: 1024)
+    calibration.calibrate(random_engine, batch_size=2, context=256, drafts=(1,), ratios=(0.25,), repeats=1,
+                          warmup=False, window=None)
+    assert events and ("flush",) not in events
 
 
 def test_calibration_rounds_pool_point_by_point(random_engine):
