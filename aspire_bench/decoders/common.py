@@ -71,7 +71,7 @@ def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> int:
     """One draw from a 1-D distribution by inverting its CDF (a tenth of torch.multinomial's cost; on a
     CPU the compiled draw, the same index at a quarter of the torch ops' cost)."""
     u = torch.rand(1, generator=gen, device=probs.device)
-    i = draw(probs, u.item())
+    i = draw(probs, u)
     return i if i is not None else _inverse_cdf(probs, u)
 
 
@@ -79,11 +79,11 @@ def sample_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator | Non
     """One draw from normalize(max(0, p - q)), or from p where that has no mass (p <= q everywhere):
     rejection sampling's correction. One uniform either way."""
     u = torch.rand(1, generator=gen, device=p.device)
-    i = draw(p, u.item(), q)
-    if i is not None:
-        return i if i >= 0 else draw(p, u.item())
-    resid = (p - q).clamp_min(0)
-    return _inverse_cdf(resid if bool(resid.any()) else p, u)
+    i = draw(p, u, q)
+    if i is None:  # the torch ops
+        resid = (p - q).clamp_min(0)
+        return _inverse_cdf(resid if bool(resid.any()) else p, u)
+    return i if i >= 0 else draw(p, u)
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:

@@ -61,14 +61,15 @@ def top_k_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     return out
 
 
-def draw(p: torch.Tensor, u: float, q: torch.Tensor | None = None) -> int | None:
-    """The index sample_from's inverse CDF picks for the uniform u (a float32 value in [0, 1)): of the
-    1-D distribution p, or with q of max(0, p - q) unnormalised; -1 when it has no mass. None when the
-    kernel does not apply (another device or dtype, a strided row) or is not available."""
+def draw(p: torch.Tensor, u: float | torch.Tensor, q: torch.Tensor | None = None) -> int | None:
+    """The index sample_from's inverse CDF picks for the uniform u (a float32 value in [0, 1), or a
+    one-element tensor of it): of the 1-D distribution p, or with q of max(0, p - q) unnormalised; -1
+    when it has no mass. None when the kernel does not apply (another device or dtype, a strided row)
+    or is not available; u is read only when it does (no device sync otherwise)."""
     ok = (p.device.type == "cpu" and p.dtype == torch.float32 and p.dim() == 1 and p.is_contiguous()
           and (q is None or (q.device.type == "cpu" and q.dtype == torch.float32 and q.shape == p.shape
                              and q.is_contiguous())))
     lib = (_lib or load_library()) if ok else None  # per draw: skip the lock once loaded
     if lib is None:
         return None
-    return lib.aspire_draw(p.data_ptr(), None if q is None else q.data_ptr(), p.numel(), u)
+    return lib.aspire_draw(p.data_ptr(), None if q is None else q.data_ptr(), p.numel(), float(u))
