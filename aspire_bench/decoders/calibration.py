@@ -154,8 +154,14 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     draft_views = [*ratios, *(["window"] if window else [])]  # page ratios, then the sink + window view
     grid = [(length, n_verify, d, kind) for length in lengths
             for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for kind in draft_views]
-    steps = []  # (length, rows) per grid point
-    for length, n_verify, d, kind in grid:
+    # A step of drafts only is the same step at every draft length, one of verifications only the same
+    # under every draft view: each distinct step is timed once and its sample counted once per grid point
+    # it stands for, so the fit weighs the kinds of step as the whole grid does (at half the timing).
+    point_of = [(length, n_verify, d if n_verify else drafts[0], kind if n_verify < batch_size else draft_views[0])
+                for length, n_verify, d, kind in grid]
+    points = list(dict.fromkeys(point_of))
+    steps = []  # (length, rows) per distinct step
+    for length, n_verify, d, kind in points:
         n_pages = -(-length // engine.page_size)
         budget = n_pages if kind == "window" else page_budget(n_pages, kind, 1)
         win = streaming_positions(length, *window) if kind == "window" else None
@@ -205,18 +211,22 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
                 walls[i].append(wall)
             if progress:
                 progress((rnd - first) * len(steps) + done + 1, (repeats + 1 - first) * len(steps))
-    samples = []
+    timed = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
         per_row = [(row.n, read, sparse) for row, (read, sparse) in zip(rows, row_reads)]
-        samples.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
-                        statistics.median(times), per_row))
+        timed.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
+                      statistics.median(times), per_row))
     for slot in slots:
         engine.free(slot)
-    order = list(range(len(samples)))
+    index = {p: j for j, p in enumerate(points)}
+    samples = [timed[index[p]] for p in point_of]  # in grid order, so that rounds pool point by point
+    # Held out by distinct step: a copy of a fitted step would flatter the held-out error.
+    order = list(range(len(points)))
     rng.shuffle(order)
     cut = max(3, int(0.8 * len(order)))
-    train = [samples[i] for i in order[:cut]]
-    held = [samples[i] for i in order[cut:]] or train
+    held_points = set(order[cut:])
+    train = [s for p, s in zip(point_of, samples) if index[p] not in held_points]
+    held = [s for p, s in zip(point_of, samples) if index[p] in held_points] or train
     model = fit_cost_model(train, source="calibration")
     rel = [abs(model.rows_time(s[4]) - s[3]) / s[3] for s in held]
     full = fit_cost_model(samples, source="calibration")

@@ -257,6 +257,13 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
     # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window)
     assert res["n_samples"] == 2 * 3 * 2 * 3 and len(res["samples"]) == res["n_samples"]
+    # a step of drafts only is the same at both draft lengths, one of verifications only under every view:
+    # timed once, its sample in each grid point it stands for
+    grid = res["samples"]
+    for length in range(2):
+        at = grid[length * 18:(length + 1) * 18]  # n_verify 0, 1, 2; draft lengths 1, 4; three views
+        assert at[0:3] == at[3:6] and at[0] != at[1] != at[2]
+        assert at[12] == at[13] == at[14] and at[15] == at[16] == at[17] and at[12] != at[15]
     # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view)
     assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
                for s in res["samples"])
@@ -327,7 +334,9 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
     calibration.calibrate(random_engine, batch_size=2, context=256, drafts=(1, 3), ratios=(0.25,), repeats=1,
                           warmup=False, window=None)
     steps = [i for i, e in enumerate(events) if e[0] == "step"] + [len(events)]
-    assert len(steps) - 1 == 2 * (2 * 3 * 2)  # every grid point: an untimed step, then the timed one
+    # every distinct step (2 lengths x: drafts only; 1 or 2 verify rows at each draft length), an untimed
+    # run, then the timed one
+    assert len(steps) - 1 == 2 * 2 * (1 + 2 + 2)
     for j in range(len(steps) - 1):
         flushes = [e for e in events[steps[j] + 1:steps[j + 1]] if e == ("flush",)]
         # the flush comes last before each timed step, and only there

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -206,7 +207,19 @@ def built_library(tmp_path_factory):
 
 @pytest.fixture
 def cache(monkeypatch, tmp_path, built_library):
-    """A private kernel cache holding the built library and its sidecar; no library loaded yet."""
+    """A private kernel cache holding the built library and its sidecar; no library loaded yet.
+
+    A rebuild here runs a stand-in compiler that writes a copy of the library built once (the real
+    compile takes ~15 s): what these tests check is when the cache rebuilds and what it loads, and
+    the copy is a real library that must still load and compute. It reports the real compiler's
+    version, which is part of the cache key."""
+    real = cpu_build.compiler()
+    fake = tmp_path / "fake-cxx"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {shlex.quote(shutil.which(real))} --version\n'
+                    f'while [ $# -gt 1 ]; do [ "$1" = -o ] && out="$2"; shift; done\n'
+                    f'cp {shlex.quote(str(built_library[0]))} "$out"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
     monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_attention, "_lib", None)
     kernels = tmp_path / "kernels"
