@@ -134,10 +134,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="16k only, 2 repeats")
     ap.add_argument("--budget-s", type=float, default=480, help="stop starting new cells after this")
     ap.add_argument("--dry-run", action="store_true",
-                    help="CPU, torch backend, 1k context, tiny shape for part 2: checks the script, measures nothing")
+                    help="CPU (the compiled CPU attention backend), 1k context, tiny shape for part 2: checks the script, "
+                         "measures nothing")
     a = ap.parse_args(argv)
     if a.dry_run:
-        device, backend, contexts, repeat, new_tokens = "cpu", "torch", ["1k"], 1, 12
+        device, backend, contexts, repeat, new_tokens = "cpu", "cpu", ["1k"], 1, 12
         shape, shape_dtype, shape_contexts = "tiny", "float32", [1024]
     else:
         device, backend = "cuda", "triton"

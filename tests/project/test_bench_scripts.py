@@ -64,7 +64,7 @@ def test_step_costs_measures_every_row_kind():
 
 @pytest.mark.slow
 def test_gpu_decoders_script_dry_run(tmp_path):
-    """The GPU script's own code path on the CPU (torch backend, 1k): it must not first fail on a GPU."""
+    """The GPU script's own code path on the CPU (compiled CPU backend, 1k): it must not first fail on a GPU."""
     out = tmp_path / "gpu"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decoders.py"), "--dry-run", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
