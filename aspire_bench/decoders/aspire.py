@@ -8,6 +8,7 @@ A per-request scheduler with a batch-aware cost model chooses when each request 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -105,14 +106,11 @@ class AspirePolicy(Policy):
         refresh layer. Of the page set, the most recent pages are one run; of the others, at most all
         are scattered: the bound times `share` (default: the share of it the engine counted in this
         run's drafts so far, scattered_share). A budget covering every page leaves the row without a view."""
-        n_pages = -(-prefix // self.page_size)
-        budget = page_budget(n_pages, self.settings.ratio, self.settings.min_pages)
-        if budget >= n_pages:
+        s = self.settings
+        page_set = _page_set_reads(prefix, self.page_size, s.ratio, s.min_pages, s.recent_pages)
+        if page_set is None:
             return prefix + 1, 0
-        unfilled = n_pages * self.page_size - prefix  # of the most recent page
-        viewed = budget * self.page_size - unfilled
-        recent = min(self.settings.recent_pages, budget) * self.page_size - unfilled
-        bound = viewed - (recent if recent >= SCATTERED_RUN else 0)
+        viewed, bound = page_set
         scattered = bound * (self.scattered_share if share is None else share)
         pages = viewed + 1  # and the row's own token
         L = self.num_layers
@@ -129,32 +127,38 @@ class AspirePolicy(Policy):
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
+        return self.verify_now(seq, batch, context_len)[0]
+
+    def verify_now(self, seq, batch: int, context_len: int | None = None) -> tuple[bool, float | None]:
+        """should_verify, and the cost ratio c the adaptive policy decided with (None where it needed none)."""
         s, st, d = self.settings, seq.state, len(seq.pending)
         cap = min(s.d_max, seq.max_drafts)
         if d >= cap:
-            return True
+            return True, None
         if s.policy == "fixed":
-            return d >= s.gamma
+            return d >= s.gamma, None
         if s.policy == "fsm":
-            return d >= st.target
+            return d >= st.target, None
         if s.policy == "oracle":  # hindsight: verify right after the first wrong draft
             ref = seq.req.reference_ids
             if ref is None:
                 raise ConfigError("aspire-oracle needs the target's tokens (Request.reference_ids); "
                                   "`aspire-bench run` supplies them under greedy decoding")
             pos = len(seq.out)
-            return d > 0 and (pos + d > len(ref) or seq.pending[-1] != ref[pos + d - 1])
+            return d > 0 and (pos + d > len(ref) or seq.pending[-1] != ref[pos + d - 1]), None
         if not st.verified and d < s.gamma_init:
-            return False
-        return d >= best_gamma(st.alpha, self.cost_ratio(seq, batch, context_len), cap)
+            return False, None
+        c = self.cost_ratio(seq, batch, context_len)
+        return d >= best_gamma(st.alpha, c, cap), c
 
     # --- the two verbs ----------------------------------------------------------------------------
     def plan(self, seqs, batch):
         r, plans, self._assumed = self.layer, [], []
         for seq in seqs:
-            if self.should_verify(seq, batch):
+            verify, c = self.verify_now(seq, batch)
+            if verify:
                 if self.settings.policy == "adaptive":
-                    seq.state.c = self.cost_ratio(seq, batch)
+                    seq.state.c = self.cost_ratio(seq, batch) if c is None else c
                 plans.append(Plan(seq, VERIFY, capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
                 self._assumed.append(None)
                 continue
@@ -205,6 +209,21 @@ class AspirePolicy(Policy):
             fit = fit_cost_model(self.samples[-256:], source="online", terms=self.settings.cost_terms)
             if fit_problem(fit) is None:
                 self.cost = fit
+
+
+@functools.lru_cache(maxsize=1024)
+def _page_set_reads(prefix: int, page_size: int, ratio: float, min_pages: int, recent: int) -> tuple[int, int] | None:
+    """(positions of a draft's page set over `prefix`, the most recent page partly filled; the upper
+    bound of them scattered: all but the recent pages' run when it is long enough to stream), or None
+    when the budget covers every page. Cached: the scheduler asks for each row twice per step."""
+    n_pages = -(-prefix // page_size)
+    budget = page_budget(n_pages, ratio, min_pages)
+    if budget >= n_pages:
+        return None
+    unfilled = n_pages * page_size - prefix  # of the most recent page
+    viewed = budget * page_size - unfilled
+    recent_run = min(recent, budget) * page_size - unfilled
+    return viewed, viewed - (recent_run if recent_run >= SCATTERED_RUN else 0)
 
 
 class AspireDecoder(Decoder):

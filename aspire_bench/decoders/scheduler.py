@@ -43,8 +43,16 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 def best_gamma(alpha: float, c: float, d_max: int) -> int:
     """argmax over gamma in 0..d_max of Omega(alpha, gamma) / (1 + c * gamma) (first on ties)."""
-    # Plain Python: called for every row of every step, where numpy's per-call cost dominates.
-    return max(range(d_max + 1), key=lambda g: expected_tokens(alpha, g) / (1.0 + c * g))
+    # Plain Python, Omega summed term by term: called for every row of every step, where numpy's
+    # per-call cost (or a power per gamma) dominates.
+    best, best_value, omega, term = 0, 1.0, 1.0, 1.0
+    for g in range(1, d_max + 1):
+        term *= alpha
+        omega += term
+        value = omega / (1.0 + c * g)
+        if value > best_value:
+            best, best_value = g, value
+    return best
 
 
 def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,

@@ -99,9 +99,10 @@ class SimPolicy:
 
     def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
         pol = self.policy
-        if pol.should_verify(seq, batch):
-            if self.config.policy == "adaptive":
-                seq.state.c = pol.cost_ratio(seq, batch)  # as AspirePolicy.plan records it
+        verify, c = pol.verify_now(seq, batch)
+        if verify:
+            if self.config.policy == "adaptive":  # as AspirePolicy.plan records it
+                seq.state.c = pol.cost_ratio(seq, batch) if c is None else c
             self._assumed.append(None)
             return self._verify(seq)
         prefix = seq.context_len - 1 + len(seq.pending)
