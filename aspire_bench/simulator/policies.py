@@ -1,8 +1,8 @@
 """Each decoder's scheduling, for the simulator: the decoder's own policy object, driven without an
 engine (decoders/loop.py's contract: per-request state lives in `Sequence.state`).
 
-The decisions are the policies' own code: ASPIRE's `AspirePolicy.should_verify` and `observe`
-(Algorithm 1 through the scheduler's pure functions, with the run's cost model), MagicDec's and
+The decisions are the policies' own code: ASPIRE's `AspirePolicy.verify_now` (should_verify, and the
+cost ratio it decided with) and `observe` (Algorithm 1 through the scheduler's pure functions, with the run's cost model), MagicDec's and
 Vegas's `lockstep` (decoders/sync.py, the function both plan with: every request drafts gamma
 tokens in lockstep, then one batched verification) and their `observe`, AR one token per step. What
 the simulator adds is each row's KV read, computed as the engine reports it (docs/simulator.md),
