@@ -2,11 +2,12 @@
 engine (decoders/loop.py's contract: per-request state lives in `Sequence.state`).
 
 The decisions are the policies' own code: ASPIRE's `AspirePolicy.verify_now` (should_verify, and the
-cost ratio it decided with) and `observe` (Algorithm 1 through the scheduler's pure functions, with the run's cost model), MagicDec's and
-Vegas's `lockstep` (decoders/sync.py, the function both plan with: every request drafts gamma
-tokens in lockstep, then one batched verification) and their `observe`, AR one token per step. What
-the simulator adds is each row's KV read, computed as the engine reports it (docs/simulator.md),
-without building the sparse views themselves (no attention scores exist in a simulation).
+cost ratio it decided with) and `observe` (Algorithm 1 through the scheduler's pure functions, with
+the run's cost model), MagicDec's and Vegas's `lockstep` (decoders/sync.py, the function both plan
+with: every request drafts gamma tokens in lockstep, then one batched verification) and their
+`observe`, AR one token per step. What the simulator adds is each row's KV read, computed as the
+engine reports it (docs/simulator.md), without building the sparse views themselves (no attention
+scores exist in a simulation).
 """
 from __future__ import annotations
 
