@@ -129,6 +129,14 @@ class AspirePolicy(Policy):
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
         return self.verify_now(seq, batch, context_len)[0]
 
+    def decide(self, seq, batch: int) -> bool:
+        """should_verify, for the step being planned: a verification by the adaptive policy records on
+        the state the cost ratio c it decided with (observe's schedule shows it)."""
+        verify, c = self.verify_now(seq, batch)
+        if verify and self.settings.policy == "adaptive":
+            seq.state.c = self.cost_ratio(seq, batch) if c is None else c
+        return verify
+
     def verify_now(self, seq, batch: int, context_len: int | None = None) -> tuple[bool, float | None]:
         """should_verify, and the cost ratio c the adaptive policy decided with (None where it needed none)."""
         s, st, d = self.settings, seq.state, len(seq.pending)
@@ -155,10 +163,7 @@ class AspirePolicy(Policy):
     def plan(self, seqs, batch):
         r, plans, self._assumed = self.layer, [], []
         for seq in seqs:
-            verify, c = self.verify_now(seq, batch)
-            if verify:
-                if self.settings.policy == "adaptive":
-                    seq.state.c = self.cost_ratio(seq, batch) if c is None else c
+            if self.decide(seq, batch):
                 plans.append(Plan(seq, VERIFY, capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
                 self._assumed.append(None)
                 continue

@@ -224,9 +224,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     order = list(range(len(points)))
     rng.shuffle(order)
     cut = max(3, int(0.8 * len(order)))
-    held_points = set(order[cut:])
-    train = [s for p, s in zip(point_of, samples) if index[p] not in held_points]
-    held = [s for p, s in zip(point_of, samples) if index[p] in held_points] or train
+    held_points = {points[j] for j in order[cut:]}
+    train = [s for p, s in zip(point_of, samples) if p not in held_points]
+    held = [s for p, s in zip(point_of, samples) if p in held_points] or train
     model = fit_cost_model(train, source="calibration")
     rel = [abs(model.rows_time(s[4]) - s[3]) / s[3] for s in held]
     full = fit_cost_model(samples, source="calibration")

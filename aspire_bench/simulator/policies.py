@@ -1,7 +1,7 @@
 """Each decoder's scheduling, for the simulator: the decoder's own policy object, driven without an
 engine (decoders/loop.py's contract: per-request state lives in `Sequence.state`).
 
-The decisions are the policies' own code: ASPIRE's `AspirePolicy.verify_now` (should_verify, and the
+The decisions are the policies' own code: ASPIRE's `AspirePolicy.decide` (should_verify, recording the
 cost ratio it decided with) and `observe` (Algorithm 1 through the scheduler's pure functions, with
 the run's cost model), MagicDec's and Vegas's `lockstep` (decoders/sync.py, the function both plan
 with: every request drafts gamma tokens in lockstep, then one batched verification) and their
@@ -100,10 +100,7 @@ class SimPolicy:
 
     def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
         pol = self.policy
-        verify, c = pol.verify_now(seq, batch)
-        if verify:
-            if self.config.policy == "adaptive":  # as AspirePolicy.plan records it
-                seq.state.c = pol.cost_ratio(seq, batch) if c is None else c
+        if pol.decide(seq, batch):  # as AspirePolicy.plan decides, recording c
             self._assumed.append(None)
             return self._verify(seq)
         prefix = seq.context_len - 1 + len(seq.pending)
