@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import attention_ab
 import dense_forward
+import host_work
 import step_costs
 
 
@@ -60,6 +61,33 @@ def test_step_costs_measures_every_row_kind():
     assert engine.model._compiled._layer is load_library().aspire_dense_layer  # timing wrappers removed
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
+
+
+def test_host_work_splits_a_runs_steps_by_section(tmp_path, capsys):
+    out = tmp_path / "host.json"
+    args = ["--threads", "1", "run", "--decoder", "aspire", "--context-len", "1k", "--limit", "2", "--batch-size", "2",
+            "--max-new-tokens", "12", "--temperature", "0.7", "--top-k", "50", "--top-p", "0.9",
+            "--store", str(tmp_path / "runs.db")]
+    assert host_work.main(["--json", str(out), "--", *args]) == 0
+    s = json.loads(out.read_text())
+    assert s["steps"] > 0 and set(s["section_ms"]) == set(host_work.SECTIONS)
+    assert s["step_ms"] == pytest.approx(s["forward_ms"] + s["outside_ms"])
+    assert s["outside_ms"] == pytest.approx(sum(s["section_ms"].values()))
+    assert all(s["section_ms"][k] > 0 for k in ("plan", "distributions", "verification"))  # sampled, speculative
+    assert s["calls"]["plan"] == s["steps"] and 0 < s["outside_share"] < 1
+    from aspire_bench.decoders import loop
+    from aspire_bench.engine.engine import Engine
+    assert loop.run_step.__name__ == "run_step" and Engine.forward.__name__ == "forward"  # timers removed
+    assert "| plan |" in capsys.readouterr().out
+    assert host_work.main([]) == 2  # no run to time: a one-line error
+
+
+def test_host_work_times_pieces_cold_and_warm(tmp_path):
+    out = tmp_path / "cold.json"
+    assert host_work.main(["--cold", "--context", "512", "--batch", "2", "--rounds", "1", "--threads", "1",
+                           "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert "distributions of 15 rows" in res and all(r["cold_us"] > 0 and r["warm_us"] > 0 for r in res.values())
 
 
 @pytest.mark.slow
