@@ -6,6 +6,8 @@ import math
 import numpy as np
 import torch
 
+from ..kernels.cpu_sampling import select_pages as compiled_select_pages
+
 
 def streaming_positions(prefix_len: int, sinks: int, budget: int) -> torch.Tensor | None:
     """StreamingLLM view of [0, prefix_len): the first `sinks` positions plus the most recent ones,
@@ -26,20 +28,22 @@ def page_budget(num_pages: int, ratio: float, min_pages: int) -> int:
 
 
 def select_pages(scores: torch.Tensor | None, num_pages: int, budget: int, n_recent: int) -> torch.Tensor | None:
-    """The `n_recent` last pages always, the rest of the budget to the top-scoring pages
-    (scores may cover fewer pages than exist: unscored pages are recent anyway). None = all pages."""
+    """The `n_recent` last pages always, the rest of the budget to the top-scoring older pages
+    (scores may cover fewer pages than exist: an unscored page scores -1, and such pages are recent
+    anyway; a NaN score counts as -inf; ties keep the lower page), ascending. None = all pages."""
     if budget >= num_pages:
         return None
     n_recent = min(n_recent, budget)
-    # numpy: a few small arrays per draft row and step, where torch's per-op cost dominates
-    s = np.full(num_pages, -1.0, dtype=np.float32)
+    fast = compiled_select_pages(scores, num_pages, budget, n_recent)  # on a CPU: one call, see cpu_sampling
+    if fast is not None:
+        return fast
+    older = num_pages - n_recent
+    s = np.full(older, -1.0, dtype=np.float32)
     if scores is not None:
-        m = min(num_pages, scores.numel())
+        m = min(older, scores.numel())
         s[:m] = scores[:m].float().cpu().numpy()
-    s[num_pages - n_recent:] = np.inf  # forced
-    top = np.argpartition(s, num_pages - budget)[num_pages - budget:]
-    top.sort()
-    return torch.from_numpy(top)
+    top = np.sort(np.argsort(-np.nan_to_num(s, nan=-np.inf), kind="stable")[:budget - n_recent])
+    return torch.from_numpy(np.concatenate((top, np.arange(older, num_pages))))
 
 
 def random_pages(num_pages: int, budget: int, n_recent: int, gen: torch.Generator) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Compiled top-k sampling distributions and draws for the CPU (csrc/cpu_sampling.cpp), built and loaded
-like the other kernels (cpu_build). decoders/common.py uses them for fp32 tensors on a CPU (the
-distributions when top-k is on) and falls back to its torch ops where they cannot be built (no
-compiler): the same distributions, the same draws.
+"""Compiled host work of a decoding step on the CPU (csrc/cpu_sampling.cpp), built and loaded like the
+other kernels (cpu_build): top-k sampling distributions and draws, which decoders/common.py uses for
+fp32 tensors on a CPU (the distributions when top-k is on), and ASPIRE's page selection, which
+decoders/selection.py uses. Both fall back to their torch / numpy ops where the library cannot be
+built (no compiler): the same distributions, the same draws, the same pages.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.aspire_top_k_probs.restype = ctypes.c_int
     lib.aspire_draw.argtypes = [p, p, i64, f32]
     lib.aspire_draw.restype = i64
+    lib.aspire_select_pages.argtypes = [p, i64, i64, i64, i64, p]
+    lib.aspire_select_pages.restype = ctypes.c_int
     return lib
 
 
@@ -73,3 +76,21 @@ def draw(p: torch.Tensor, u: float | torch.Tensor, q: torch.Tensor | None = None
     if lib is None:
         return None
     return lib.aspire_draw(p.data_ptr(), None if q is None else q.data_ptr(), p.numel(), float(u))
+
+
+def select_pages(scores: torch.Tensor | None, num_pages: int, budget: int, n_recent: int) -> torch.Tensor | None:
+    """decoders/selection.py select_pages for 1 <= budget < num_pages and n_recent <= budget: the page
+    set, int64, ascending. None when the kernel does not apply (scores not a contiguous fp32 CPU tensor)
+    or is not available."""
+    if scores is not None and (scores.device.type != "cpu" or scores.dtype != torch.float32
+                               or not scores.is_contiguous()):
+        return None
+    lib = _lib or load_library()
+    if lib is None:
+        return None
+    out = torch.empty(budget, dtype=torch.int64)
+    rc = lib.aspire_select_pages(None if scores is None else scores.data_ptr(), 0 if scores is None else scores.numel(),
+                                 num_pages, budget, n_recent, out.data_ptr())
+    if rc:
+        raise ValueError(f"the CPU page selection rejected {num_pages} pages, budget {budget}, {n_recent} recent")
+    return out

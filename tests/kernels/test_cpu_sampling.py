@@ -123,3 +123,34 @@ def test_draws_fall_back_to_the_same_indices(monkeypatch, seed):
     monkeypatch.setattr(cpu_sampling, "load_library", lambda: None)
     assert draws() == fast
     assert all(probs[0][i] > 0 for i in (b for _, b in fast[-20:]))  # p - p: drawn from p
+
+
+def test_page_selection_matches_the_numpy_definition(seed, monkeypatch):
+    """ASPIRE's compiled page selection against selection.py's numpy path, on fresh random scores: fewer
+    or more scores than older pages, none, ties (keep the lower page), NaN (never chosen over a number)."""
+    from aspire_bench.decoders import selection
+    g = torch.Generator().manual_seed(seed)
+    cases = []
+    for num_pages in (3, 40, 1025):
+        for budget in {1, 2, num_pages // 3 + 1, num_pages - 1} - {0}:
+            for n_scored in (0, num_pages // 2, num_pages - 2, num_pages + 5):
+                if budget >= num_pages:
+                    continue
+                s = torch.rand(n_scored, generator=g)
+                if n_scored > 4:
+                    s[torch.randint(0, n_scored, (n_scored // 4,), generator=g)] = 0.5  # ties
+                    s[1] = float("nan")
+                cases.append((None if n_scored == 0 and budget % 2 else s, num_pages, budget, min(8, budget)))
+    fast = [selection.select_pages(*c) for c in cases]
+    assert all(f is not None and f.dtype == torch.int64 for f in fast)
+    monkeypatch.setattr(selection, "compiled_select_pages", lambda *a: None)
+    slow = [selection.select_pages(*c) for c in cases]
+    for (scores, num_pages, budget, recent), f, s in zip(cases, fast, slow):
+        assert f.tolist() == s.tolist(), (num_pages, budget, recent)
+        assert len(f) == budget and f.tolist() == sorted(set(f.tolist()))
+        assert f[-recent:].tolist() == list(range(num_pages - recent, num_pages))
+    tied = torch.tensor([0.5, 0.2, 0.5, 0.5, 0.1, 0.0])
+    assert selection.select_pages(tied, 6, 3, 1).tolist() == [0, 2, 5]  # of the three 0.5s: pages 0 and 2
+    nan = torch.tensor([0.3, float("nan"), 0.1, 0.2, 0.0])
+    assert selection.select_pages(nan, 5, 3, 1).tolist() == [0, 3, 4]  # NaN below every number
+    assert cpu_sampling.select_pages(tied.double(), 6, 3, 1) is None  # not fp32: the numpy path
