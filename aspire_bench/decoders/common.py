@@ -67,18 +67,19 @@ def _top_p(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
-def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> int:
+def sample_from(probs: torch.Tensor, gen: torch.Generator | None, u: float | None = None) -> int:
     """One draw from a 1-D distribution by inverting its CDF (a tenth of torch.multinomial's cost; on a
-    CPU the compiled draw, the same index at a quarter of the torch ops' cost)."""
-    u = torch.rand(1, generator=gen, device=probs.device)
+    CPU the compiled draw, the same index at a quarter of the torch ops' cost). `u`: the uniform in
+    [0, 1) to use, else one from gen."""
+    u = torch.rand(1, generator=gen, device=probs.device) if u is None else u
     i = draw(probs, u)
     return i if i is not None else _inverse_cdf(probs, u)
 
 
-def sample_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator | None) -> int:
+def sample_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator | None, u: float | None = None) -> int:
     """One draw from normalize(max(0, p - q)), or from p where that has no mass (p <= q everywhere):
-    rejection sampling's correction. One uniform either way."""
-    u = torch.rand(1, generator=gen, device=p.device)
+    rejection sampling's correction. One uniform either way (`u`, else one from gen)."""
+    u = torch.rand(1, generator=gen, device=p.device) if u is None else u
     i = draw(p, u, q)
     if i is None:  # the torch ops
         resid = (p - q).clamp_min(0)
@@ -86,10 +87,10 @@ def sample_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator | Non
     return i if i >= 0 else draw(p, u)
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> int:
     """The torch definition of the draw: the CDF of the (unnormalised) probs, u scaled to its total."""
     cdf = probs.cumsum(0)
-    i = int(torch.searchsorted(cdf, u * cdf[-1], right=True))  # the first i with cdf[i] > u: p[i] > 0
+    i = int(torch.searchsorted(cdf, cdf[-1:] * u, right=True))  # the first i with cdf[i] > u: p[i] > 0
     if i >= probs.numel():  # u rounded up to the total: the last token with mass
         i = int(torch.nonzero(probs).max())
     return i

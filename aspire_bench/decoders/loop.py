@@ -106,7 +106,7 @@ def sample(seq: Sequence, logits: torch.Tensor, params: SamplingParams, probs: t
             seq.runner_up.append(i2 if i2 != tok else i1)  # on an exact tie topk may list tok second
             seq.top_logit.append(v1)
         return tok
-    return sample_from(logits_to_probs(logits, params) if probs is None else probs, seq.gen)
+    return sample_from(logits_to_probs(logits, params) if probs is None else probs, seq.gen, seq.uniforms(1)[0])
 
 
 def commit(seq: Sequence, tokens: Seq[int], t: float, eos: tuple[int, ...]) -> int:
@@ -135,7 +135,7 @@ def take_draft(seq: Sequence, logits: torch.Tensor, params: SamplingParams, q: t
     else:
         q = logits_to_probs(logits, params) if q is None else q
         seq.qs.append(q)
-        tok = sample_from(q, seq.gen)
+        tok = sample_from(q, seq.gen, seq.uniforms(1)[0])
     seq.pending.append(tok)
 
 
@@ -147,7 +147,8 @@ def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingP
     if params.greedy:
         a, nxt = speculative.accept_greedy(logits, drafts)
     else:
-        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen, probs)
+        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen, probs,
+                                             seq.uniforms(len(drafts) + 1))
     engine.rollback(seq.slot, start + a + 1)  # last committed token + accepted drafts
     committed = commit(seq, drafts[:a] + [nxt], t, params.eos_token_ids)
     seq.verifications.append((len(drafts), a))

@@ -23,16 +23,18 @@ def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, 
 
 def accept_sampling(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor],
                     params: SamplingParams, gen: torch.Generator | None,
-                    p: torch.Tensor | None = None) -> tuple[int, int]:
+                    p: torch.Tensor | None = None, us: list[float] | None = None) -> tuple[int, int]:
     """Leviathan et al. rejection sampling: accept x with prob min(1, p(x)/q(x)); on rejection
     sample from normalize(max(0, p - q)); if all are accepted, the bonus comes from p.
-    `p`: the target distributions of target_logits when already computed."""
+    `p`: the target distributions of target_logits when already computed; `us`: the len(drafts) + 1
+    uniforms to use (one per draft tested, one for the token after), else drawn from gen."""
     p = logits_to_probs(target_logits, params) if p is None else p
     host = p.device.type == "cpu"
     pv = p.numpy() if host else p  # single values read through numpy: a torch index costs ~3 us each
+    if us is None:  # every uniform the verification can use, in one call (see Sequence.uniforms)
+        us = torch.rand(len(drafts) + 1, generator=gen, device=p.device).tolist()
     for j, (x, q) in enumerate(zip(drafts, qs)):
-        u = float(torch.rand((), generator=gen, device=p.device))
-        if u * float((q.numpy() if host else q)[x]) < float(pv[j, x]):  # u < p/q without dividing by a zero q
+        if us[j] * float((q.numpy() if host else q)[x]) < float(pv[j, x]):  # u < p/q without dividing by a zero q
             continue
-        return j, sample_residual(p[j], q, gen)
-    return len(drafts), sample_from(p[len(drafts)], gen)
+        return j, sample_residual(p[j], q, gen, us[j + 1])
+    return len(drafts), sample_from(p[len(drafts)], gen, us[len(drafts)])

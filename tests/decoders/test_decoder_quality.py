@@ -208,23 +208,25 @@ def test_sampled_tokens_follow_the_target(name, random_engine, forced_drafts):
     check_distribution(*rank_counts(random_engine, reqs, out, SAMPLED))
 
 
-def _bonus_from_draft(target_logits, drafts, qs, params, gen, p=None):
+def _bonus_from_draft(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: after all drafts are accepted, the bonus is drawn from the last draft's q, not p."""
     from aspire_bench.decoders.common import sample_from
-    a, nxt = ORIGINAL_ACCEPT(target_logits, drafts, qs, params, gen, p)
+    us = torch.rand(len(drafts) + 1, generator=gen).tolist() if us is None else us
+    a, nxt = ORIGINAL_ACCEPT(target_logits, drafts, qs, params, gen, p, us)
     if a == len(drafts) and drafts:
-        return a, sample_from(qs[-1], gen)
+        return a, sample_from(qs[-1], gen, us[-1])
     return a, nxt
 
 
-def _resample_from_target(target_logits, drafts, qs, params, gen, p=None):
+def _resample_from_target(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: on rejection, resample from p instead of the residual max(0, p - q)."""
     from aspire_bench.decoders.common import logits_to_probs, sample_from
     p = logits_to_probs(target_logits, params) if p is None else p
+    us = torch.rand(len(drafts) + 1, generator=gen).tolist() if us is None else us
     for j, (x, q) in enumerate(zip(drafts, qs)):
-        if float(torch.rand((), generator=gen)) * float(q[x]) >= float(p[j, x]):
-            return j, sample_from(p[j], gen)
-    return len(drafts), sample_from(p[len(drafts)], gen)
+        if us[j] * float(q[x]) >= float(p[j, x]):
+            return j, sample_from(p[j], gen, us[j + 1])
+    return len(drafts), sample_from(p[len(drafts)], gen, us[len(drafts)])
 
 
 ORIGINAL_ACCEPT = speculative.accept_sampling

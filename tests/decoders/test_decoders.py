@@ -153,6 +153,16 @@ def test_rejection_sampling_matches_target_distribution():
     assert chisquare(counts.numpy()[mask], expected[mask]).pvalue > 0.001
 
 
+def test_sequence_uniforms_come_from_its_generator_in_blocks():
+    from aspire_bench.decoders.sequence import UNIFORM_BLOCK, Sequence
+    seq = Sequence(0, Request("r", [1, 2], 4), None, torch.Generator().manual_seed(5))
+    got = seq.uniforms(3) + seq.uniforms(UNIFORM_BLOCK + 6) + seq.uniforms(1)
+    ref = torch.Generator().manual_seed(5)
+    want = torch.rand(UNIFORM_BLOCK, generator=ref).tolist() + torch.rand(UNIFORM_BLOCK, generator=ref).tolist()
+    assert got == want[:len(got)] and len(got) == UNIFORM_BLOCK + 10  # in order, none skipped or repeated
+    assert all(0.0 <= u < 1.0 for u in got)
+
+
 def test_accept_greedy():
     logits = torch.eye(5)[[1, 2, 3, 4]]  # argmax 1, 2, 3, 4
     assert accept_greedy(logits, [1, 2, 0]) == (2, 3)

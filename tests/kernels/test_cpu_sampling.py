@@ -117,12 +117,15 @@ def test_draws_fall_back_to_the_same_indices(monkeypatch, seed):
 
     def draws():
         gen = torch.Generator().manual_seed(seed)
-        return [(sample_from(p, gen), sample_residual(p, q, gen)) for p, q in pairs for _ in range(20)]
+        given = [(sample_from(p, None, u), sample_residual(p, q, None, u)) for p, q in pairs for u in (0.0, 0.37, 0.999)]
+        return [(sample_from(p, gen), sample_residual(p, q, gen)) for p, q in pairs for _ in range(20)] + given
 
     fast = draws()
+    monkeypatch.setattr(cpu_sampling, "_lib", None)
     monkeypatch.setattr(cpu_sampling, "load_library", lambda: None)
+    assert cpu_sampling.draw(probs[0], 0.5) is None  # the torch ops from here
     assert draws() == fast
-    assert all(probs[0][i] > 0 for i in (b for _, b in fast[-20:]))  # p - p: drawn from p
+    assert all(probs[0][i] > 0 for i in (b for _, b in fast[160:180]))  # the last pair, p - p: drawn from p
 
 
 def test_page_selection_matches_the_numpy_definition(seed, monkeypatch):
