@@ -36,13 +36,15 @@ SECTIONS = ("plan", "distributions", "draft_draws", "verification", "bookkeeping
 class StepTimers:
     """Wall-clock time per section of the decoding loop's steps (decoders/loop.py), installed by patching."""
 
-    def __init__(self):
+    def __init__(self, sections: bool = True):
+        """sections=False: the forward and the step only (no per-section timers, nothing added)."""
+        self.sectioned = sections
         self.t = defaultdict(float)
         self.calls = Counter()
         self.steps = 0
         self._in_step = False
         self._undo = []
-        self.sectioned = True
+        self._timed_policies = set()  # ids of the policies whose methods are wrapped
 
     def _wrap(self, owner, name: str, key: str):
         real = getattr(owner, name)
@@ -58,21 +60,20 @@ class StepTimers:
         setattr(owner, name, timed)
         self._undo.append((owner, name, real))
 
-    def install(self, sections: bool = True):
-        """sections=False: the forward and the step only (no per-section timers, nothing added)."""
+    def install(self):
         from aspire_bench.decoders import loop
         from aspire_bench.engine import engine
         self._wrap(engine.Engine, "forward", "forward")
-        if sections:
+        if self.sectioned:
             self._sections()
         real_step = loop.run_step
 
         def step(engine_, policy, *a, **k):
-            if sections and not getattr(policy, "_host_work_timed", False):  # the policy's methods, once per instance
+            if self.sectioned and id(policy) not in self._timed_policies:  # its methods, once per instance
                 for name, key in (("plan", "plan"), ("observe", "bookkeeping"), ("scores", "bookkeeping"),
                                   ("step_done", "bookkeeping")):
                     self._wrap(policy, name, key)
-                policy._host_work_timed = True
+                self._timed_policies.add(id(policy))
             self._in_step = True
             t0 = time.perf_counter()
             try:
@@ -83,7 +84,6 @@ class StepTimers:
                 self._in_step = False
         loop.run_step = step
         self._undo.append((loop, "run_step", real_step))
-        self.sectioned = sections
         return self
 
     def _sections(self):
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
                   "--context-len 16k --limit 8 --batch-size 8", file=sys.stderr)
             return 2
         from aspire_bench.cli import main as cli_main
-        timers = StepTimers().install(sections=not a.total_only)
+        timers = StepTimers(sections=not a.total_only).install()
         try:
             cli_main.main(args=run_args, prog_name="aspire-bench")
             rc = 0

@@ -108,12 +108,13 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[f
     out = engine.forward(rows)
     parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
     probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
+    us = iter(torch.rand(sum(row.n for row in rows), generator=gen).tolist())  # in blocks, as Sequence.uniforms
     for i, (row, p) in enumerate(zip(rows, probs)):
         if row.n > 1:
             accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
-                            PAPER_SAMPLING, gen, p)
+                            PAPER_SAMPLING, gen, p, [next(us) for _ in range(row.n)])
         else:
-            sample_from(p[0], gen)
+            sample_from(p[0], gen, next(us))
             if row.capture is not None:
                 n_pages = -(-(row.start + 1) // engine.page_size)
                 select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
