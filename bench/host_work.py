@@ -6,8 +6,10 @@ Two measurements:
         --limit 8 --batch-size 8 --max-new-tokens 96 --temperature 0.7 --top-k 50 --top-p 0.9
 
 runs `aspire-bench` with the arguments after `--` and splits every decode step's wall time into the
-engine's forward and the host work around it, by section: the policy's plan, the step's sampling
-distributions (one batched call), the draft draws, verification (acceptance, KV rollback, commit), the
+engine's forward and the host work around it, by section: the policy's plan, the step's compiled
+sampling (distributions, draws and acceptance of every row in one call, where it applies), else the
+per-row path's sampling distributions (one batched call) and draft draws, verification (acceptance
+unless compiled, KV rollback, commit), the
 policy's bookkeeping (observe, scores, step_done) and the rest of the loop (row building, traces).
 Timers wrap each section (a few microseconds per call, ~0.3 ms per step at 16k x 8 after a forward), so
 the total is above an unwrapped run's; `--total-only` times the forward and the whole step alone.
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("plan", "distributions", "draft_draws", "verification", "bookkeeping", "rest")
+SECTIONS = ("plan", "step_sampling", "distributions", "draft_draws", "verification", "bookkeeping", "rest")
 
 
 class StepTimers:
@@ -88,6 +90,7 @@ class StepTimers:
 
     def _sections(self):
         from aspire_bench.decoders import loop
+        self._wrap(loop, "_sample_compiled", "step_sampling")
         self._wrap(loop, "_batch_probs", "distributions")
         self._wrap(loop, "take_draft", "draft_draws")
         self._wrap(loop, "sample", "draft_draws")  # an AR row's draw (DECODE)

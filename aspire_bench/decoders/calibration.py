@@ -23,6 +23,7 @@ import torch
 
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
+from ..kernels import cpu_sampling
 from .base import PAPER_SAMPLING
 from .common import logits_to_probs, sample_from
 from .magicdec import MagicDecSettings
@@ -95,30 +96,42 @@ def last_level_cache_bytes(device: torch.device) -> int:
     return max(sizes, default=32 << 20)
 
 
-def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator) -> tuple[float, list[tuple[int, int]]]:
+def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: torch.Tensor
+               ) -> tuple[float, list[tuple[int, int]]]:
     """(seconds, each row's KV read and the part of it scattered through a sparse view, as the engine reports
     them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
-    distributions in one batched call (the paper's sampling), a draw for each one-token row, for
+    distributions, a draw for each one-token row and for each verify row the rejection sampling of its
+    drafts (against stand-in draft distributions, so that some drafts are rejected, as in decoding: the
+    rows of `stand_in` where the loop makes one compiled call for all this, kernels/cpu_sampling.py
+    sample_step, else the row's next positions', after one batched call for the distributions); and for
     each one-token row that captured page scores the next draft's page selection (ASPIRE's default
-    budget), and for each verify row the rejection sampling of its drafts (against stand-in draft
-    distributions: the row's next positions', so that some drafts are rejected, as in decoding)."""
+    budget)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
-    parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
-    probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
-    us = iter(torch.rand(sum(row.n for row in rows), generator=gen).tolist())  # in blocks, as Sequence.uniforms
-    for i, (row, p) in enumerate(zip(rows, probs)):
-        if row.n > 1:
-            accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
-                            PAPER_SAMPLING, gen, p, [next(us) for _ in range(row.n)])
-        else:
-            sample_from(p[0], gen, next(us))
-            if row.capture is not None:
-                n_pages = -(-(row.start + 1) // engine.page_size)
-                select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
-                             page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
+    lens = [row.n for row in rows]  # logits rows: a verify row's every token, a one-token row's one
+    us = torch.rand(sum(lens), generator=gen).tolist()  # in one call, as Sequence.uniforms draws them
+    if out.selected is not None and cpu_sampling.step_applies(out.selected, PAPER_SAMPLING.top_k):
+        qs = [stand_in[j % len(stand_in)] for n in lens for j in range(n - 1)]
+        drafts = [t for row in rows if row.n > 1 for t in row.tokens[1:]]
+        cpu_sampling.sample_step(out.selected, lens, drafts, qs, us, PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k,
+                                 PAPER_SAMPLING.top_p)
+    else:
+        parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
+        probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
+        u = iter(us)
+        for i, (row, p) in enumerate(zip(rows, probs)):
+            if row.n > 1:
+                accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
+                                PAPER_SAMPLING, gen, p, [next(u) for _ in range(row.n)])
+            else:
+                sample_from(p[0], gen, next(u))
+    for i, row in enumerate(rows):
+        if row.n == 1 and row.capture is not None:
+            n_pages = -(-(row.start + 1) // engine.page_size)
+            select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
+                         page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
     return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse))
 
 
@@ -137,6 +150,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work
+    stand_in = logits_to_probs(torch.randn(16, engine.cfg.vocab_size, generator=gen) * 4, PAPER_SAMPLING)
     d_max = max(drafts)
     engine.reserve(batch_size * (context + d_max + engine.page_size))
     # A step's time does not depend on what the KV holds: random values instead of a prefill keep a
@@ -205,7 +219,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
                     slot.length = length
                 if timed and rnd and weight_bytes + sum(r for r, _ in reads[i]) * bytes_per_position < flush_bytes:
                     flush.sum().item()  # (not in the warm-up round: its times are not kept)
-                wall, reads[i] = _time_step(engine, rows, gen)
+                wall, reads[i] = _time_step(engine, rows, gen, stand_in)
                 for slot in slots:
                     engine.rollback(slot, length)
             if rnd:

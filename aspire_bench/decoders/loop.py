@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..engine import Capture, Engine, Row
-from ..engine.batch import View
+from ..engine.batch import ForwardOutput, View
 from ..errors import ConfigError
+from ..kernels import cpu_sampling
 from . import speculative
 from .base import (
     DECODE,
@@ -140,11 +141,14 @@ def take_draft(seq: Sequence, logits: torch.Tensor, params: SamplingParams, q: t
 
 
 def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingParams, t: float,
-                  probs: torch.Tensor | None = None) -> tuple[int, int, int]:
+                  probs: torch.Tensor | None = None, picked: tuple[int, int] | None = None) -> tuple[int, int, int]:
     """Accept, roll the KV back to the exact prefix, commit a+1 tokens: (drafted, accepted, committed).
-    `probs`: the target distributions of logits when already computed."""
+    `probs`: the target distributions of logits when already computed; `picked`: (accepted, next token)
+    when the acceptance is already done (the step's compiled sampling)."""
     drafts, start = seq.pending, seq.context_len - 1
-    if params.greedy:
+    if picked is not None:
+        a, nxt = picked
+    elif params.greedy:
         a, nxt = speculative.accept_greedy(logits, drafts)
     else:
         a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen, probs,
@@ -177,6 +181,38 @@ def _batch_probs(plans: list[Plan], logits: list[torch.Tensor], params: Sampling
     return {i: pr if p.kind == VERIFY else pr[0] for i, (p, pr) in enumerate(zip(plans, probs))}
 
 
+def _sample_compiled(plans: list[Plan], out: ForwardOutput, params: SamplingParams
+                     ) -> list[tuple[int, int, torch.Tensor | None]] | None:
+    """Every row's sampling of the step in one compiled call (kernels/cpu_sampling.py sample_step), per
+    row (token, accepted drafts, a draft row's distribution q): a decode row's token, a draft row's
+    draft, a verify row's accepted count and the token after them. The same tokens, distributions and
+    uniforms as the per-row path (sample, take_draft, finish_verify), in one call instead of ~25 (each
+    several times its warm cost right after a forward). None where it does not apply (greedy, no
+    top-k, not fp32 on a CPU, no compiler): the per-row path then samples."""
+    if params.greedy or not plans:
+        return None
+    lens = [len(p.seq.pending) + 1 if p.kind == VERIFY else 1 for p in plans]
+    stacked = out.selected  # the engine's logits of these rows, row after row, when it gives them
+    if stacked is None or len(stacked) != sum(lens):
+        stacked = _stacked([lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, out.logits)])
+    if not cpu_sampling.step_applies(stacked, params.top_k):
+        return None
+    drafts, qs, us = [], [], []
+    for p, n in zip(plans, lens):
+        us += p.seq.uniforms(n)
+        if n > 1:
+            drafts += p.seq.pending
+            qs += p.seq.qs
+    probs, tokens, accepted = cpu_sampling.sample_step(stacked, lens, drafts, qs, us, params.temperature,
+                                                       params.top_k, params.top_p)
+    rows = probs.unbind()  # every row's view in one call
+    picks, first = [], 0
+    for p, n, tok, a in zip(plans, lens, tokens, accepted):
+        picks.append((tok, a, rows[first] if p.kind == DRAFT else None))
+        first += n
+    return picks
+
+
 def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat(parts) of 2-D rows, without the copy when they already are consecutive rows of one
     tensor (the engine's logits are split from one, and a step usually takes all of them)."""
@@ -193,21 +229,29 @@ def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: Sampl
     t0 = clock()
     plans = policy.plan(seqs, len(seqs))
     out = engine.forward([_row(p) for p in plans])
-    probs = _batch_probs(plans, out.logits, params)
-    toks = {i: sample(p.seq, lg[-1], params, probs.get(i)) for i, (p, lg) in enumerate(zip(plans, out.logits))
-            if p.kind == DECODE}
+    picks = _sample_compiled(plans, out, params)
+    if picks is None:  # the per-row path: decode rows sampled here, drafts and verifications below
+        probs = _batch_probs(plans, out.logits, params)
+        toks = {i: sample(p.seq, lg[-1], params, probs.get(i)) for i, (p, lg) in enumerate(zip(plans, out.logits))
+                if p.kind == DECODE}
     t1 = clock()
     trace = StepTrace(0, t0, t1)
     for i, (p, lg, read, sparse) in enumerate(zip(plans, out.logits, out.kv_read, out.kv_sparse, strict=True)):
         seq = p.seq
         if p.kind == DECODE:
-            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [toks[i]], t1, params.eos_token_ids), kv_read=read,
+            tok = toks[i] if picks is None else picks[i][0]
+            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, params.eos_token_ids), kv_read=read,
                           kv_sparse=sparse)
         elif p.kind == DRAFT:
-            take_draft(seq, lg[-1], params, probs.get(i))
+            if picks is None:
+                take_draft(seq, lg[-1], params, probs.get(i))
+            else:
+                seq.pending.append(picks[i][0])
+                seq.qs.append(picks[i][2])
             rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read, kv_sparse=sparse)
         else:
-            d, a, n = finish_verify(engine, seq, lg, params, t1, probs.get(i))
+            d, a, n = (finish_verify(engine, seq, lg, params, t1, probs.get(i)) if picks is None else
+                       finish_verify(engine, seq, lg, params, t1, picked=(picks[i][1], picks[i][0])))
             policy.observe(seq, d, a)
             rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read,
                           kv_sparse=sparse)

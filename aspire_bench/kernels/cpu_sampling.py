@@ -1,7 +1,7 @@
 """Compiled host work of a decoding step on the CPU (csrc/cpu_sampling.cpp), built and loaded like the
 other kernels (cpu_build): top-k sampling distributions and draws, which decoders/common.py uses for
-fp32 tensors on a CPU (the distributions when top-k is on), and ASPIRE's page selection, which
-decoders/selection.py uses. Both fall back to their torch / numpy ops where the library cannot be
+fp32 tensors on a CPU (the distributions when top-k is on), a whole step's sampling and acceptance,
+which decoders/loop.py uses, and ASPIRE's page selection, which decoders/selection.py uses. Each falls back to their torch / numpy ops where the library cannot be
 built (no compiler): the same distributions, the same draws, the same pages.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import ctypes
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import cpu_build
@@ -41,6 +42,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.aspire_top_k_probs.restype = ctypes.c_int
     lib.aspire_draw.argtypes = [p, p, i64, f32]
     lib.aspire_draw.restype = i64
+    lib.aspire_sample_step.argtypes = [p, i64, i64, f32, i64, f64, p, i64, p, p, p, i32]
+    lib.aspire_sample_step.restype = ctypes.c_int
     lib.aspire_select_pages.argtypes = [p, i64, i64, i64, i64, p]
     lib.aspire_select_pages.restype = ctypes.c_int
     return lib
@@ -76,6 +79,39 @@ def draw(p: torch.Tensor, u: float | torch.Tensor, q: torch.Tensor | None = None
     if lib is None:
         return None
     return lib.aspire_draw(p.data_ptr(), None if q is None else q.data_ptr(), p.numel(), float(u))
+
+
+def step_applies(logits: torch.Tensor, top_k: int) -> bool:
+    """Whether sample_step can take a step of these stacked logits (fp32 on a CPU, top-k on, the library
+    built): known before any uniform is drawn, so the per-row path draws the same ones where it cannot."""
+    return ((_lib or load_library()) is not None and logits.dtype is torch.float32 and not logits.is_cuda
+            and logits.device.type == "cpu" and 1 <= top_k < logits.shape[-1])
+
+
+def sample_step(logits: torch.Tensor, lens: list[int], drafts: list[int], qs: list[torch.Tensor], us: list[float],
+                temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, list[int], list[int]]:
+    """A step's sampling in one call, where step_applies: `logits` [sum(lens), vocab] stacked row after
+    row, a row of lens[r] = d + 1 positions verifying its d drafts (d = 0: a decode or draft row); `drafts`
+    and their distributions `qs` of every verify row (contiguous fp32 rows of the vocabulary, as this
+    module and logits_to_probs make them: read through their addresses, unchecked), and lens[r]
+    uniforms per row (float32 values), row after row. Returns (the distributions [sum(lens), vocab], each row's token, each row's accepted
+    drafts): what logits_to_probs, sample_from and accept_sampling give with the same uniforms."""
+    vocab, rows = logits.shape[-1], len(lens)
+    if len(us) != len(logits) or len(drafts) != len(qs) or len(qs) != len(logits) - rows:
+        raise ValueError(f"{rows} rows of {len(logits)} logits rows need as many uniforms ({len(us)}) and a draft "
+                         f"and its distribution for each position past a row's first ({len(drafts)}, {len(qs)})")
+    x = logits.contiguous()
+    out = torch.empty_like(x)
+    meta = np.array(lens + drafts + [q.data_ptr() for q in qs], dtype=np.int64)  # one array: one conversion
+    u = np.array(us, dtype=np.float32)
+    picked = np.empty(2 * rows, dtype=np.int64)
+    rc = _lib.aspire_sample_step(x.data_ptr(), rows, vocab, temperature, top_k, top_p, meta.ctypes.data, len(drafts),
+                                 u.ctypes.data, out.data_ptr(), picked.ctypes.data, torch.get_num_threads())
+    if rc:
+        raise ValueError(f"the CPU step sampling rejected temperature {temperature}, top-k {top_k}, the row "
+                         f"lengths or a draft outside the vocabulary of {vocab}")
+    picked = picked.tolist()
+    return out, picked[:rows], picked[rows:]
 
 
 def select_pages(scores: torch.Tensor | None, num_pages: int, budget: int, n_recent: int) -> torch.Tensor | None:

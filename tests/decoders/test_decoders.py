@@ -315,23 +315,35 @@ def test_calibration_times_window_drafts(random_engine):
     assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
 
 
-def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False], ids=["one-call", "per-row"])
+def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, monkeypatch, compiled):
     """Each timed step comes right after a read of twice the last-level cache (as in decoding, after a
     step that streamed more KV than the cache holds), and includes the rejection sampling of every
-    verify row's drafts, as the loop's step does."""
+    verify row's drafts, as the loop's step does: in one compiled call for the step where the loop
+    makes one, else row by row."""
     from aspire_bench.decoders import calibration
+    from aspire_bench.kernels import cpu_sampling
     assert calibration.last_level_cache_bytes(torch.device("cpu")) >= 1 << 20
+    if compiled and cpu_sampling.load_library() is None:
+        pytest.skip("no C++ compiler: the per-row path only")
+    if not compiled:
+        monkeypatch.setattr(cpu_sampling, "step_applies", lambda *a: False)
     events = []
-    real_accept, real_time = calibration.accept_sampling, calibration._time_step
+    real_accept, real_time, real_step = calibration.accept_sampling, calibration._time_step, cpu_sampling.sample_step
     real_sum = torch.Tensor.sum
 
     def accept(logits, drafts, qs, *a):
         events.append(("accept", len(drafts), logits.shape[0], len(qs)))
         return real_accept(logits, drafts, qs, *a)
 
-    def time_step(engine, rows, gen):
+    def sample_step(logits, lens, drafts, qs, *a):  # one event per verify row, as `accept` records them
+        events.extend(("one call", n - 1, n, n - 1) for n in lens if n > 1)
+        assert len(drafts) == len(qs) == sum(lens) - len(lens) and len(logits) == sum(lens)
+        return real_step(logits, lens, drafts, qs, *a)
+
+    def time_step(engine, rows, gen, stand_in):
         events.append(("step", [r.n for r in rows]))
-        return real_time(engine, rows, gen)
+        return real_time(engine, rows, gen, stand_in)
 
     def flush_sum(x, *a, **k):
         if x.numel() * x.element_size() == 2 * calibration.last_level_cache_bytes(x.device):
@@ -339,6 +351,7 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
         return real_sum(x, *a, **k)
 
     monkeypatch.setattr(calibration, "accept_sampling", accept)
+    monkeypatch.setattr(cpu_sampling, "sample_step", sample_step)
     monkeypatch.setattr(calibration, "_time_step", time_step)
     monkeypatch.setattr(torch.Tensor, "sum", flush_sum)
     calibration.calibrate(random_engine, batch_size=2, context=256, drafts=(1, 3), ratios=(0.25,), repeats=1,
@@ -352,7 +365,8 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
         # the flush comes last before each timed step, and only there
         assert len(flushes) == (j % 2 == 0) and (j % 2 or events[steps[j + 1] - 1] == ("flush",))
     for i, end in itertools.pairwise(steps):
-        accepts = [e for e in events[i + 1:end] if e[0] == "accept"]
+        accepts = [e for e in events[i + 1:end] if e[0] in ("accept", "one call")]
+        assert {e[0] for e in accepts} <= {"one call" if compiled else "accept"}
         verify = [n for n in events[i][1] if n > 1]
         # one rejection sampling per verify row, of its n - 1 drafts, with a stand-in q for each
         assert [(d, n, q) for _, d, n, q in accepts] == [(n - 1, n, n - 1) for n in verify]

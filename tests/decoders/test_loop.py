@@ -194,3 +194,28 @@ def test_top_p_without_a_full_sort_matches_the_sorted_definition(scale, top_p, s
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
     for i in range(6):  # and one row alone gives the same values as in the batch
         assert torch.equal(logits_to_probs(logits[i], SamplingParams(temperature=1.0, top_p=top_p)), got[i])
+
+
+@pytest.mark.parametrize("name", ["ar", *SPARSE])
+def test_a_steps_compiled_sampling_samples_what_the_per_row_path_does(engine, name, monkeypatch):
+    """Under sampling with top-k on a CPU the loop samples and verifies a whole step in one compiled call;
+    with the per-row path instead (sample, take_draft, finish_verify) a seed gives the same outputs,
+    verifications and row kinds."""
+    from aspire_bench.decoders import loop
+    from aspire_bench.kernels import cpu_sampling
+    if cpu_sampling.load_library() is None:
+        pytest.skip("no C++ compiler: the per-row path is the only one")
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    dec = get_decoder(name, **SPARSE.get(name, {}))
+    calls = []
+    real = loop._sample_compiled
+    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: calls.append(1) or real(*a))
+    fast = dec.generate(engine, requests(), params, 2)
+    assert len(calls) == sum(1 for s in fast.steps if s.rows[0].kind != "prefill")
+    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)
+    slow = dec.generate(engine, requests(), params, 2)
+    assert [r.output_ids for r in fast.results] == [r.output_ids for r in slow.results]
+    assert [r.verifications for r in fast.results] == [r.verifications for r in slow.results]
+    assert [[w.kind for w in s.rows] for s in fast.steps] == [[w.kind for w in s.rows] for s in slow.steps]
+    if name != "ar":
+        assert any(a < d for r in fast.results for d, a in r.verifications)  # rejections were exercised

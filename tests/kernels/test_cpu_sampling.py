@@ -48,6 +48,9 @@ def test_rows_do_not_depend_on_each_other_and_ties_keep_the_lowest_ids(seed):
     tied = torch.zeros(1, 64)
     tied[0, 40:] = 1.0  # 24 equal maxima, top-3: the first three of them
     assert torch.nonzero(cpu_sampling.top_k_probs(tied, 1.0, 3, 1.0)[0]).flatten().tolist() == [40, 41, 42]
+    zeros = torch.full((1, 64), -1.0)
+    zeros[0, [5, 9, 20]], zeros[0, [7, 30]] = -0.0, 0.0  # -0 equals +0: a tie, kept by lowest id
+    assert torch.nonzero(cpu_sampling.top_k_probs(zeros, 1.0, 3, 1.0)[0]).flatten().tolist() == [5, 7, 9]
 
 
 def test_masked_logits_and_fewer_finite_values_than_k():
@@ -157,3 +160,45 @@ def test_page_selection_matches_the_numpy_definition(seed, monkeypatch):
     nan = torch.tensor([0.3, float("nan"), 0.1, 0.2, 0.0])
     assert selection.select_pages(nan, 5, 3, 1).tolist() == [0, 3, 4]  # NaN below every number
     assert cpu_sampling.select_pages(tied.double(), 6, 3, 1) is None  # not fp32: the numpy path
+
+
+@pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (5, 1.0)])
+def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, seed):
+    """sample_step against logits_to_probs, sample_from and accept_sampling with the same uniforms, on
+    fresh random rows of every kind in one call: decode / draft rows, verify rows of 0 to 6 drafts, with
+    draft distributions unrelated to the target's (rejections, residual draws) and drafts the target
+    gives no mass (certain rejection)."""
+    from aspire_bench.decoders.common import sample_from
+    from aspire_bench.decoders.speculative import accept_sampling
+    params = SamplingParams(0.7, top_k, top_p)
+    g = torch.Generator().manual_seed(seed)
+    vocab = 500
+    lens = [1, 3, 1, 7, 2, 1, 4]
+    logits = torch.randn(sum(lens), vocab, generator=g) * torch.rand(sum(lens), 1, generator=g) * 8
+    unrelated = torch.randn(sum(lens), vocab, generator=g) * 3
+    drafts, qs, row = [], [], 0
+    for n in lens:
+        for j in range(n - 1):  # a draft distribution near the target's (mostly accepted) or unrelated to it
+            near = logits[row + j] + 0.3 * torch.randn(vocab, generator=g)
+            q = logits_to_probs(near if j % 2 == 0 else unrelated[row + j], params)
+            drafts.append(int(torch.multinomial(q, 1, generator=g)))
+            qs.append(q)
+        row += n
+    drafts[-1] = int(torch.argmin(logits[-2]))  # outside the target's top-k: rejected whatever u
+    us = torch.rand(sum(lens), generator=g).tolist()
+    assert cpu_sampling.step_applies(logits, top_k)
+    probs, tokens, accepted = cpu_sampling.sample_step(logits, lens, drafts, qs, us, 0.7, top_k, top_p)
+    assert torch.equal(probs, logits_to_probs(logits, params))
+    row = x = 0
+    for r, n in enumerate(lens):
+        p, u = probs[row:row + n], us[row:row + n]
+        if n == 1:
+            assert (tokens[r], accepted[r]) == (sample_from(p[0], None, u[0]), 0)
+        else:
+            a, nxt = accept_sampling(logits[row:row + n], drafts[x:x + n - 1], qs[x:x + n - 1], params, None, p, u)
+            assert (accepted[r], tokens[r]) == (a, nxt)
+        row, x = row + n, x + n - 1
+    assert accepted[-1] < lens[-1] - 1 and 0 < sum(accepted) < sum(lens) - len(lens)
+    with pytest.raises(ValueError, match="rows"):
+        cpu_sampling.sample_step(logits, lens, drafts[:-1], qs[:-1], us, 0.7, top_k, top_p)
+    assert not cpu_sampling.step_applies(logits.double(), top_k) and not cpu_sampling.step_applies(logits, 0)

@@ -22,69 +22,113 @@
 #include <functional>
 #include <utility>
 #include <vector>
+#if defined(__AVX__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
-constexpr int VL = 16;
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-
-struct Cand {
+// A candidate as one integer whose order is the output's: larger value, then lower token id, so
+// selecting and sorting compare integers (no two-part comparison, no branch on ties). The value's bits
+// made order-preserving (-0 counted as +0, which it equals) above the id's complement (vocab < 2^32).
+typedef uint64_t Cand;
+inline Cand cand_of(float v, int64_t i) {
+  uint32_t u;
+  v += 0.f;  // -0 -> +0
+  std::memcpy(&u, &v, 4);
+  u ^= (u >> 31) ? 0xffffffffu : 0x80000000u;
+  return static_cast<uint64_t>(u) << 32 | (0xffffffffu - static_cast<uint32_t>(i));
+}
+inline float value_of(Cand c) {
+  uint32_t u = static_cast<uint32_t>(c >> 32);
+  u ^= (u >> 31) ? 0x80000000u : 0xffffffffu;
   float v;
-  int64_t i;
-};
-// "a comes first in the output": larger value, then lower token id.
-inline bool first(const Cand& a, const Cand& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+inline int64_t id_of(Cand c) { return 0xffffffffu - static_cast<uint32_t>(c); }
+constexpr auto first = std::greater<Cand>();
 
-inline bool any_lane(vi m) {
-  bool any = false;
-  for (int t = 0; t < VL; ++t) any |= m[t] != 0;
-  return any;
+// Bit t set where x[t] >= thr, for 16 floats (NaN never): one or two vector compares and a movemask
+// where the instruction set has them.
+inline uint32_t ge_mask(const float* x, float thr) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(_mm512_loadu_ps(x), _mm512_set1_ps(thr), _CMP_GE_OQ);
+#elif defined(__AVX__)
+  const __m256 t = _mm256_set1_ps(thr);
+  const uint32_t lo = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x), t, _CMP_GE_OQ));
+  const uint32_t hi = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + 8), t, _CMP_GE_OQ));
+  return lo | hi << 8;
+#else
+  uint32_t m = 0;
+  for (int t = 0; t < 16; ++t) m |= static_cast<uint32_t>(x[t] >= thr) << t;
+  return m;
+#endif
+}
+
+// The rank-th largest of x[0], x[stride], ... (NaN never; -inf where fewer than rank values are
+// numbers). A small rank keeps a sorted buffer that a sample value rarely enters (a predictable
+// compare per value); a large one selects in place.
+float sample_rank(const float* x, int64_t vocab, int64_t stride, int64_t rank, std::vector<float>& sample) {
+  constexpr int64_t SMALL = 16;
+  if (rank <= SMALL) {
+    float top[SMALL];
+    std::fill(top, top + rank, -INFINITY);
+    for (int64_t j = 0; j < vocab; j += stride) {
+      const float v = x[j];
+      if (!(v > top[rank - 1])) continue;  // NaN too
+      int64_t t = rank - 1;
+      for (; t > 0 && top[t - 1] < v; --t) top[t] = top[t - 1];
+      top[t] = v;
+    }
+    return top[rank - 1];
+  }
+  sample.clear();
+  for (int64_t j = 0; j < vocab; j += stride)
+    if (!std::isnan(x[j])) sample.push_back(x[j]);
+  if (static_cast<int64_t>(sample.size()) < rank) return -INFINITY;
+  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
+  return sample[rank - 1];
 }
 
 // Every logit at or above a threshold, with its id (NaN never), such that the k largest are among
 // them: the threshold is a value of rank ~2k/vocab in a strided sample of the row, so ~2k values pass
-// and pass one vector compare; where fewer than k do, every value is taken (-inf included).
-void candidates(const float* x, int64_t vocab, int64_t k, std::vector<Cand>& cand, std::vector<float>& sample) {
+// and pass one vector compare; where fewer than k do, every value is taken (-inf included). The
+// threshold sets only how many candidates there are, never which k are kept.
+// Returns how many, in cand[0..n).
+int64_t candidates(const float* x, int64_t vocab, int64_t k, std::vector<Cand>& cand, std::vector<float>& sample) {
   const int64_t stride = vocab >= 4 * 256 ? vocab / 256 : 1;
-  sample.clear();
-  for (int64_t j = 0; j < vocab; j += stride)
-    if (!std::isnan(x[j])) sample.push_back(x[j]);
-  const int64_t ns = static_cast<int64_t>(sample.size());
-  const int64_t rank = std::min<int64_t>(ns, (2 * k * ns + vocab - 1) / vocab + 2);  // 1-based, from the top
-  float thr = -INFINITY;
-  if (rank >= 1 && rank < ns) {
-    std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
-    thr = sample[rank - 1];
-  }
+  const int64_t ns = (vocab + stride - 1) / stride;
+  const int64_t rank = (2 * k * ns + vocab - 1) / vocab + 2;  // 1-based, from the top
+  float thr = rank < ns ? sample_rank(x, vocab, stride, rank, sample) : -INFINITY;
+  if (cand.size() < static_cast<size_t>(vocab)) cand.resize(vocab);
   for (int pass = 0; pass < 2; ++pass, thr = -INFINITY) {
-    cand.clear();
-    const vf tv = vf{} + thr;
-    int64_t j = 0;
-    for (; j + VL <= vocab; j += VL) {
-      vf v;
-      std::memcpy(&v, x + j, sizeof v);
-      if (any_lane(v >= tv))
-        for (int t = 0; t < VL; ++t)
-          if (v[t] >= thr) cand.push_back({v[t], j + t});
-    }
+    int64_t n = 0, j = 0;
+    for (; j + 16 <= vocab; j += 16)
+      for (uint32_t m = ge_mask(x + j, thr); m; m &= m - 1) {
+        const int t = __builtin_ctz(m);
+        cand[n++] = cand_of(x[j + t], j + t);
+      }
     for (; j < vocab; ++j)
-      if (x[j] >= thr) cand.push_back({x[j], j});
-    if (static_cast<int64_t>(cand.size()) >= k || thr == -INFINITY) return;
+      if (x[j] >= thr) cand[n++] = cand_of(x[j], j);
+    if (n >= k || thr == -INFINITY) return n;
   }
+  return 0;  // (not reached: the second pass takes every number)
 }
 
 void row_probs(const float* x, int64_t vocab, float temperature, int64_t k, double top_p, float* out,
                std::vector<Cand>& cand, std::vector<float>& p) {
-  candidates(x, vocab, k, cand, p);
-  const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
-  std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), first);  // descending values
+  const int64_t found = candidates(x, vocab, k, cand, p);
+  const int64_t n = std::min<int64_t>(k, found);
+  // the k first, then sorted: cheaper than a partial sort's heap of k
+  if (n < found) std::nth_element(cand.begin(), cand.begin() + n, cand.begin() + found, first);
+  std::sort(cand.begin(), cand.begin() + n, first);
   std::memset(out, 0, vocab * sizeof(float));
   if (n == 0) return;
   p.resize(n);
-  const float m = cand[0].v / temperature;
+  const float m = value_of(cand[0]) / temperature;
   float sum = 0.f;
-  for (int64_t t = 0; t < n; ++t) sum += p[t] = std::exp(cand[t].v / temperature - m);
+  for (int64_t t = 0; t < n; ++t) sum += p[t] = std::exp(value_of(cand[t]) / temperature - m);
   for (int64_t t = 0; t < n; ++t) p[t] /= sum;
   int64_t keep = n;
   if (top_p < 1.0) {
@@ -99,7 +143,7 @@ void row_probs(const float* x, int64_t vocab, float temperature, int64_t k, doub
   }
   float kept = 0.f;
   for (int64_t t = 0; t < keep; ++t) kept += p[t];
-  for (int64_t t = 0; t < keep; ++t) out[cand[t].i] = p[t] / kept;
+  for (int64_t t = 0; t < keep; ++t) out[id_of(cand[t])] = p[t] / kept;
 }
 
 }  // namespace
@@ -177,5 +221,50 @@ extern "C" int aspire_select_pages(const float* scores, int64_t n_scored, int64_
   for (int64_t t = 0; t < k; ++t) out[t] = cand[t].second;
   std::sort(out, out + k);
   for (int64_t r = 0; r < n_recent; ++r) out[k + r] = older + r;
+  return 0;
+}
+
+// The sampling of a whole decoding step in one call (decoders/loop.py): the distributions of every
+// logits row (as aspire_top_k_probs), then each of the step's rows drawn or verified as the loop's
+// per-row path does it (loop.py sample / take_draft / decoders/speculative.py accept_sampling):
+//   a row of len = d + 1 logits rows (d = 0: a decode or draft row) with drafts x_0..x_{d-1}, their
+//   draft distributions q_0..q_{d-1} and uniforms u_0..u_d: x_j is accepted while u_j q_j(x_j) < p_j(x_j)
+//   (in double, as Python compares); the first rejected j takes the residual max(0, p_j - q_j) drawn
+//   with u_{j+1} (from p_j where it has no mass); with every draft accepted, p_d drawn with u_d.
+// Why one call: right after a forward that streamed the KV through the caches, each call of the
+// per-row path (a draw, a numpy view, a Python comparison) costs several times its warm cost.
+// meta: lens[rows], then the verify rows' drafts (n_drafts, row after row), then the addresses of
+// their q (vocab floats each); us: len uniforms per row, row after row; probs [sum(lens), vocab] out;
+// picked [2 * rows] out: each row's token, then each row's accepted drafts. Returns 0, or 1 on bad
+// arguments.
+extern "C" int aspire_sample_step(const float* logits, int64_t rows, int64_t vocab, float temperature, int64_t k,
+                                  double top_p, const int64_t* meta, int64_t n_drafts, const float* us,
+                                  float* probs, int64_t* picked, int num_threads) {
+  const int64_t *lens = meta, *drafts = meta + rows, *q_addr = meta + rows + n_drafts;
+  int64_t total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (lens[r] < 1) return 1;
+    total += lens[r];
+  }
+  if (total != rows + n_drafts) return 1;
+  if (int rc = aspire_top_k_probs(logits, total, vocab, temperature, k, top_p, probs, num_threads)) return rc;
+  for (int64_t r = 0, o = 0, x0 = 0; r < rows; o += lens[r], x0 += lens[r] - 1, ++r) {
+    const int64_t d = lens[r] - 1;
+    const float* u = us + o;  // a row's uniforms start where its logits rows do
+    int64_t j = 0, tok = -1;
+    for (; j < d; ++j) {
+      const int64_t x = drafts[x0 + j];
+      if (x < 0 || x >= vocab) return 1;
+      const float* p = probs + (o + j) * vocab;
+      const float* q = reinterpret_cast<const float*>(q_addr[x0 + j]);
+      if (static_cast<double>(u[j]) * static_cast<double>(q[x]) < static_cast<double>(p[x])) continue;
+      tok = aspire_draw(p, q, vocab, u[j + 1]);
+      if (tok < 0) tok = aspire_draw(p, nullptr, vocab, u[j + 1]);
+      break;
+    }
+    if (j == d) tok = aspire_draw(probs + (o + d) * vocab, nullptr, vocab, u[d]);
+    picked[r] = tok;
+    picked[rows + r] = j;
+  }
   return 0;
 }
