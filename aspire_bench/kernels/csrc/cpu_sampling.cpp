@@ -13,8 +13,9 @@
 // Ties at the k-th value keep the lowest token ids (torch.topk leaves them unspecified). A row's result
 // does not depend on the other rows.
 //
-// Also here, being host work of a step too: one draw from a distribution (aspire_draw) and ASPIRE's
-// page selection (aspire_select_pages).
+// Also here, being host work of a step too: a whole step's sampling (aspire_sample_step: these
+// distributions, then each row's draw or rejection sampling), one draw from a distribution
+// (aspire_draw) and ASPIRE's page selection (aspire_select_pages).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
