@@ -102,12 +102,14 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: 
     them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
-    distributions, a draw for each one-token row and for each verify row the rejection sampling of its
-    drafts (against stand-in draft distributions, so that some drafts are rejected, as in decoding: the
-    rows of `stand_in` where the loop makes one compiled call for all this, kernels/cpu_sampling.py
-    sample_step, else the row's next positions', after one batched call for the distributions); and for
-    each one-token row that captured page scores the next draft's page selection (ASPIRE's default
-    budget)."""
+    distributions, a draw for each one-token row, for each verify row the rejection sampling of its
+    drafts, and for each one-token row that captured page scores the next draft's page selection
+    (ASPIRE's default budget). The sampling is one compiled call where the loop makes one
+    (kernels/cpu_sampling.py sample_step), else a batched call for the distributions and the rest row
+    by row. Its drafts are verified against stand-in draft distributions, so that some are rejected as
+    in decoding: rows of `stand_in` for the compiled call (which needs them before this step's
+    distributions exist), the row's next positions' on the per-row path; which drafts are accepted
+    differs between the two, not the work."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
     lens = [row.n for row in rows]  # logits rows: a verify row's every token, a one-token row's one

@@ -1,8 +1,9 @@
 """Compiled host work of a decoding step on the CPU (csrc/cpu_sampling.cpp), built and loaded like the
 other kernels (cpu_build): top-k sampling distributions and draws, which decoders/common.py uses for
 fp32 tensors on a CPU (the distributions when top-k is on), a whole step's sampling and acceptance,
-which decoders/loop.py uses, and ASPIRE's page selection, which decoders/selection.py uses. Each falls back to their torch / numpy ops where the library cannot be
-built (no compiler): the same distributions, the same draws, the same pages.
+which decoders/loop.py uses, and ASPIRE's page selection, which decoders/selection.py uses. Where the
+library cannot be built (no compiler) their callers use the torch / numpy ops, or for a step's sampling
+the loop's per-row path: the same distributions, the same draws, the same pages.
 """
 from __future__ import annotations
 
@@ -94,8 +95,9 @@ def sample_step(logits: torch.Tensor, lens: list[int], drafts: list[int], qs: li
     row, a row of lens[r] = d + 1 positions verifying its d drafts (d = 0: a decode or draft row); `drafts`
     and their distributions `qs` of every verify row (contiguous fp32 rows of the vocabulary, as this
     module and logits_to_probs make them: read through their addresses, unchecked), and lens[r]
-    uniforms per row (float32 values), row after row. Returns (the distributions [sum(lens), vocab], each row's token, each row's accepted
-    drafts): what logits_to_probs, sample_from and accept_sampling give with the same uniforms."""
+    uniforms per row (float32 values), row after row. Returns (the distributions [sum(lens), vocab],
+    each row's token, each row's accepted drafts): what logits_to_probs, sample_from and accept_sampling
+    give with the same uniforms."""
     vocab, rows = logits.shape[-1], len(lens)
     if len(us) != len(logits) or len(drafts) != len(qs) or len(qs) != len(logits) - rows:
         raise ValueError(f"{rows} rows of {len(logits)} logits rows need as many uniforms ({len(us)}) and a draft "
@@ -105,8 +107,12 @@ def sample_step(logits: torch.Tensor, lens: list[int], drafts: list[int], qs: li
     meta = np.array(lens + drafts + [q.data_ptr() for q in qs], dtype=np.int64)  # one array: one conversion
     u = np.array(us, dtype=np.float32)
     picked = np.empty(2 * rows, dtype=np.int64)
-    rc = _lib.aspire_sample_step(x.data_ptr(), rows, vocab, temperature, top_k, top_p, meta.ctypes.data, len(drafts),
-                                 u.ctypes.data, out.data_ptr(), picked.ctypes.data, torch.get_num_threads())
+    lib = _lib or load_library()
+    if lib is None:
+        raise ValueError("a step's compiled sampling needs the CPU sampling library (see step_applies)")
+    rc = lib.aspire_sample_step(x.data_ptr(), rows, vocab, temperature, top_k, top_p, meta.ctypes.data,
+                                len(drafts), u.ctypes.data, out.data_ptr(), picked.ctypes.data,
+                                torch.get_num_threads())
     if rc:
         raise ValueError(f"the CPU step sampling rejected temperature {temperature}, top-k {top_k}, the row "
                          f"lengths or a draft outside the vocabulary of {vocab}")

@@ -133,7 +133,7 @@ def forced_drafts(monkeypatch):
         return take(st, logits.scatter(-1, idx, vals.flip(-1)), params)
 
     monkeypatch.setattr(loop, "take_draft", reversed_take)
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)  # drafts through take_draft (the same tokens)
+    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)  # the per-row path, so drafts go through take_draft
 
 
 def rank_counts(engine, reqs, out, params):

@@ -209,9 +209,10 @@ def test_a_steps_compiled_sampling_samples_what_the_per_row_path_does(engine, na
     dec = get_decoder(name, **SPARSE.get(name, {}))
     calls = []
     real = loop._sample_compiled
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: calls.append(real(*a)) or calls[-1])
     fast = dec.generate(engine, requests(), params, 2)
     assert len(calls) == sum(1 for s in fast.steps if s.rows[0].kind != "prefill")
+    assert all(picks is not None for picks in calls)  # every step took the compiled path
     monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)
     slow = dec.generate(engine, requests(), params, 2)
     assert [r.output_ids for r in fast.results] == [r.output_ids for r in slow.results]

@@ -53,6 +53,27 @@ def test_rows_do_not_depend_on_each_other_and_ties_keep_the_lowest_ids(seed):
     assert torch.nonzero(cpu_sampling.top_k_probs(zeros, 1.0, 3, 1.0)[0]).flatten().tolist() == [5, 7, 9]
 
 
+@pytest.mark.parametrize("vocab", [4096, 37])
+def test_nan_logits_are_never_kept(vocab, seed):
+    """NaN logits (also where the threshold's strided sample reads) get no mass; the rest is the
+    definition over the numbers, with -inf entries among them."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, vocab, generator=g) * 3
+    stride = vocab // 256 if vocab >= 1024 else 1
+    logits[0, ::max(stride, 3)] = float("nan")  # every sampled position (a third of a short row's)
+    logits[1, torch.randperm(vocab, generator=g)[:vocab // 3]] = float("nan")
+    logits[2, ::2] = -float("inf")
+    logits[2, 1::4] = float("nan")
+    logits[3, :] = float("nan")
+    logits[3, 5] = 1.0  # one number among NaNs
+    got = cpu_sampling.top_k_probs(logits, 0.7, 10, 0.9)
+    nan = logits.isnan()
+    assert not got[nan].any() and torch.isfinite(got).all()
+    want = reference(torch.where(nan, -float("inf"), logits), 0.7, 10, 0.9)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert got[3].nonzero().flatten().tolist() == [5]
+
+
 def test_masked_logits_and_fewer_finite_values_than_k():
     logits = torch.full((2, 100), -float("inf"))
     logits[0, [3, 7, 9]] = torch.tensor([1.0, 2.0, 0.5])  # 3 finite values, top-k 10
@@ -167,7 +188,7 @@ def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, see
     """sample_step against logits_to_probs, sample_from and accept_sampling with the same uniforms, on
     fresh random rows of every kind in one call: decode / draft rows, verify rows of 0 to 6 drafts, with
     draft distributions unrelated to the target's (rejections, residual draws) and drafts the target
-    gives no mass (certain rejection)."""
+    gives no mass (certain rejection, once with a residual without mass)."""
     from aspire_bench.decoders.common import sample_from
     from aspire_bench.decoders.speculative import accept_sampling
     params = SamplingParams(0.7, top_k, top_p)
@@ -185,6 +206,16 @@ def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, see
             qs.append(q)
         row += n
     drafts[-1] = int(torch.argmin(logits[-2]))  # outside the target's top-k: rejected whatever u
+    # row 3 (6 drafts) drafts from the target itself (q = p): accepted whatever u, but for its last
+    # draft, which the target gives no mass: rejected, and with q = p the residual has no mass either,
+    # so the token comes from p
+    target = logits_to_probs(logits, params)
+    r3, d3 = 3, lens[3] - 1
+    first_row, first_draft = sum(lens[:r3]), sum(n - 1 for n in lens[:r3])
+    for j in range(d3):
+        qs[first_draft + j] = target[first_row + j]
+        drafts[first_draft + j] = int(torch.argmax(logits[first_row + j]) if j < d3 - 1
+                                      else torch.argmin(logits[first_row + j]))
     us = torch.rand(sum(lens), generator=g).tolist()
     assert cpu_sampling.step_applies(logits, top_k)
     probs, tokens, accepted = cpu_sampling.sample_step(logits, lens, drafts, qs, us, 0.7, top_k, top_p)
@@ -199,6 +230,7 @@ def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, see
             assert (accepted[r], tokens[r]) == (a, nxt)
         row, x = row + n, x + n - 1
     assert accepted[-1] < lens[-1] - 1 and 0 < sum(accepted) < sum(lens) - len(lens)
+    assert accepted[r3] == d3 - 1 and target[first_row + d3 - 1, tokens[r3]] > 0
     with pytest.raises(ValueError, match="rows"):
         cpu_sampling.sample_step(logits, lens, drafts[:-1], qs[:-1], us, 0.7, top_k, top_p)
     assert not cpu_sampling.step_applies(logits.double(), top_k) and not cpu_sampling.step_applies(logits, 0)

@@ -75,7 +75,9 @@ def test_host_work_splits_a_runs_steps_by_section(tmp_path, capsys):
     assert s["outside_ms"] == pytest.approx(sum(s["section_ms"].values()))
     assert all(s["section_ms"][k] > 0 for k in ("plan", "step_sampling", "verification"))  # sampled, speculative
     assert s["calls"]["plan"] == s["calls"]["step_sampling"] == s["steps"] and 0 < s["outside_share"] < 1
-    assert s["calls"]["distributions"] == s["calls"]["draft_draws"] == 0  # all in the compiled call
+    from aspire_bench.kernels import cpu_sampling
+    if cpu_sampling.load_library() is not None:  # all in the compiled call
+        assert s["calls"]["distributions"] == s["calls"]["draft_draws"] == 0
     from aspire_bench.decoders import loop
     from aspire_bench.engine.engine import Engine
     assert loop.run_step.__name__ == "run_step" and Engine.forward.__name__ == "forward"  # timers removed

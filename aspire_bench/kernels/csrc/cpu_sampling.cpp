@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 #if defined(__AVX__) || defined(__AVX512F__)
@@ -96,13 +97,12 @@ float sample_rank(const float* x, int64_t vocab, int64_t stride, int64_t rank, s
 // them: the threshold is a value of rank ~2k/vocab in a strided sample of the row, so ~2k values pass
 // and pass one vector compare; where fewer than k do, every value is taken (-inf included). The
 // threshold sets only how many candidates there are, never which k are kept.
-// Returns how many, in cand[0..n).
-int64_t candidates(const float* x, int64_t vocab, int64_t k, std::vector<Cand>& cand, std::vector<float>& sample) {
+// Returns how many, in cand[0..n) (cand: vocab entries).
+int64_t candidates(const float* x, int64_t vocab, int64_t k, Cand* cand, std::vector<float>& sample) {
   const int64_t stride = vocab >= 4 * 256 ? vocab / 256 : 1;
   const int64_t ns = (vocab + stride - 1) / stride;
   const int64_t rank = (2 * k * ns + vocab - 1) / vocab + 2;  // 1-based, from the top
   float thr = rank < ns ? sample_rank(x, vocab, stride, rank, sample) : -INFINITY;
-  if (cand.size() < static_cast<size_t>(vocab)) cand.resize(vocab);
   for (int pass = 0; pass < 2; ++pass, thr = -INFINITY) {
     int64_t n = 0, j = 0;
     for (; j + 16 <= vocab; j += 16)
@@ -118,12 +118,12 @@ int64_t candidates(const float* x, int64_t vocab, int64_t k, std::vector<Cand>& 
 }
 
 void row_probs(const float* x, int64_t vocab, float temperature, int64_t k, double top_p, float* out,
-               std::vector<Cand>& cand, std::vector<float>& p) {
+               Cand* cand, std::vector<float>& p) {
   const int64_t found = candidates(x, vocab, k, cand, p);
   const int64_t n = std::min<int64_t>(k, found);
   // the k first, then sorted: cheaper than a partial sort's heap of k
-  if (n < found) std::nth_element(cand.begin(), cand.begin() + n, cand.begin() + found, first);
-  std::sort(cand.begin(), cand.begin() + n, first);
+  if (n < found) std::nth_element(cand, cand + n, cand + found, first);
+  std::sort(cand, cand + n, first);
   std::memset(out, 0, vocab * sizeof(float));
   if (n == 0) return;
   p.resize(n);
@@ -152,15 +152,16 @@ void row_probs(const float* x, int64_t vocab, float temperature, int64_t k, doub
 // logits, out: [rows, vocab] fp32, contiguous. k >= 1. Returns 0, or 1 on bad arguments.
 extern "C" int aspire_top_k_probs(const float* logits, int64_t rows, int64_t vocab, float temperature, int64_t k,
                                   double top_p, float* out, int num_threads) {
-  if (rows < 0 || vocab < 1 || k < 1 || !(temperature > 0.f) || num_threads < 1) return 1;
+  if (rows < 0 || vocab < 1 || vocab > UINT32_MAX || k < 1 || !(temperature > 0.f) || num_threads < 1)
+    return 1;  // (a candidate's sort key holds a token id in 32 bits)
   k = k < vocab ? k : vocab;
 #pragma omp parallel num_threads(rows > 1 ? num_threads : 1)
   {
-    std::vector<Cand> cand;
+    std::unique_ptr<Cand[]> cand(new Cand[vocab]);  // (uninitialised: only the entries found are read)
     std::vector<float> p;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
-      row_probs(logits + r * vocab, vocab, temperature, k, top_p, out + r * vocab, cand, p);
+      row_probs(logits + r * vocab, vocab, temperature, k, top_p, out + r * vocab, cand.get(), p);
   }
   return 0;
 }
