@@ -85,7 +85,7 @@ def draw(p: torch.Tensor, u: float | torch.Tensor, q: torch.Tensor | None = None
 def step_applies(logits: torch.Tensor, top_k: int) -> bool:
     """Whether sample_step can take a step of these stacked logits (fp32 on a CPU, top-k on, the library
     built): known before any uniform is drawn, so the per-row path draws the same ones where it cannot."""
-    return ((_lib or load_library()) is not None and logits.dtype is torch.float32 and not logits.is_cuda
+    return ((_lib or load_library()) is not None and logits.dtype is torch.float32
             and logits.device.type == "cpu" and 1 <= top_k < logits.shape[-1])
 
 

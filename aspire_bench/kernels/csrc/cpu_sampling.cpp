@@ -93,28 +93,30 @@ float sample_rank(const float* x, int64_t vocab, int64_t stride, int64_t rank, s
   return sample[rank - 1];
 }
 
-// Every logit at or above a threshold, with its id (NaN never), such that the k largest are among
-// them: the threshold is a value of rank ~2k/vocab in a strided sample of the row, so ~2k values pass
-// and pass one vector compare; where fewer than k do, every value is taken (-inf included). The
-// threshold sets only how many candidates there are, never which k are kept.
-// Returns how many, in cand[0..n) (cand: vocab entries).
+// The logits at or above thr, with their ids (NaN never), into cand; returns how many.
+int64_t at_least(const float* x, int64_t vocab, float thr, Cand* cand) {
+  int64_t n = 0, j = 0;
+  for (; j + 16 <= vocab; j += 16)
+    for (uint32_t m = ge_mask(x + j, thr); m; m &= m - 1) {
+      const int t = __builtin_ctz(m);
+      cand[n++] = cand_of(x[j + t], j + t);
+    }
+  for (; j < vocab; ++j)
+    if (x[j] >= thr) cand[n++] = cand_of(x[j], j);
+  return n;
+}
+
+// Candidates among which the k largest are, in cand[0..n) (cand: vocab entries); returns n. The
+// threshold is the value of rank 2k*ns/vocab + 2 in a strided sample of ns values of the row, so ~2k
+// values pass; where fewer than k do, every number is taken (-inf included). The threshold sets only
+// how many candidates there are, never which k are kept.
 int64_t candidates(const float* x, int64_t vocab, int64_t k, Cand* cand, std::vector<float>& sample) {
   const int64_t stride = vocab >= 4 * 256 ? vocab / 256 : 1;
   const int64_t ns = (vocab + stride - 1) / stride;
   const int64_t rank = (2 * k * ns + vocab - 1) / vocab + 2;  // 1-based, from the top
-  float thr = rank < ns ? sample_rank(x, vocab, stride, rank, sample) : -INFINITY;
-  for (int pass = 0; pass < 2; ++pass, thr = -INFINITY) {
-    int64_t n = 0, j = 0;
-    for (; j + 16 <= vocab; j += 16)
-      for (uint32_t m = ge_mask(x + j, thr); m; m &= m - 1) {
-        const int t = __builtin_ctz(m);
-        cand[n++] = cand_of(x[j + t], j + t);
-      }
-    for (; j < vocab; ++j)
-      if (x[j] >= thr) cand[n++] = cand_of(x[j], j);
-    if (n >= k || thr == -INFINITY) return n;
-  }
-  return 0;  // (not reached: the second pass takes every number)
+  const float thr = rank < ns ? sample_rank(x, vocab, stride, rank, sample) : -INFINITY;
+  const int64_t n = at_least(x, vocab, thr, cand);
+  return n >= k || thr == -INFINITY ? n : at_least(x, vocab, -INFINITY, cand);
 }
 
 void row_probs(const float* x, int64_t vocab, float temperature, int64_t k, double top_p, float* out,
