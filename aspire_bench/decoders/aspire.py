@@ -23,6 +23,7 @@ from .scheduler import (
     CostModel,
     RequestSchedule,
     best_gamma,
+    best_gamma_priced,
     fit_cost_model,
     fit_problem,
     qk_term,
@@ -118,12 +119,18 @@ class AspirePolicy(Policy):
             return pages, round(scattered)
         return round(((L - 1) * pages + prefix + 1) / L), round((L - 1) * scattered / L)
 
-    def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
-        """c of the cost model for verifying now, from the next draft's KV read (draft_kv)."""
-        d = len(seq.pending)
-        context = (seq.context_len if context_len is None else context_len) + d
+    def cycle_prices(self, seq, batch: int, d_max: int, context_len: int | None = None) -> tuple[float, list[float]]:
+        """The cost model's price of the next draft step and of verifying 0..d_max drafts now
+        (CostModel.cycle_prices), for this request's context and its next draft's KV read (draft_kv)."""
+        context = (seq.context_len if context_len is None else context_len) + len(seq.pending)
         kv, scattered = self.draft_kv(context - 1)
-        return self.cost.cost_ratio(batch, kv, context, d, scattered)
+        return self.cost.cycle_prices(batch, kv, context, d_max, scattered)
+
+    def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
+        """The paper's c_i = T_draft / T_verify(d_i) of verifying now (what a verification records)."""
+        d = len(seq.pending)
+        t_draft, t_verify = self.cycle_prices(seq, batch, d, context_len)
+        return t_draft / t_verify[d]
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
@@ -156,8 +163,11 @@ class AspirePolicy(Policy):
             return d > 0 and (pos + d > len(ref) or seq.pending[-1] != ref[pos + d - 1]), None
         if not st.verified and d < s.gamma_init:
             return False, None
-        c = self.cost_ratio(seq, batch, context_len)
-        return d >= best_gamma(st.alpha, c, cap), c
+        t_draft, t_verify = self.cycle_prices(seq, batch, cap, context_len)
+        c = t_draft / t_verify[d]
+        if s.cost_terms == "paper":  # the paper's rule, Omega / (1 + c * gamma): a verification priced alike for every gamma
+            return d >= best_gamma(st.alpha, c, cap), c
+        return d >= best_gamma_priced(st.alpha, t_draft, t_verify), c
 
     # --- the two verbs ----------------------------------------------------------------------------
     def plan(self, seqs, batch):

@@ -55,6 +55,21 @@ def best_gamma(alpha: float, c: float, d_max: int) -> int:
     return best
 
 
+def best_gamma_priced(alpha: float, t_draft: float, t_verify: list[float]) -> int:
+    """argmax over gamma in 0..len(t_verify)-1 of Omega(alpha, gamma) / (gamma * t_draft + t_verify[gamma])
+    (first on ties): tokens per second of a request's cycle of gamma drafts and their verification,
+    each priced by the cost model. With t_verify the same for every gamma it is best_gamma's rule
+    with c = t_draft / t_verify."""
+    best, best_value, omega, term = 0, 1.0 / t_verify[0], 1.0, 1.0
+    for g in range(1, len(t_verify)):
+        term *= alpha
+        omega += term
+        value = omega / (g * t_draft + t_verify[g])
+        if value > best_value:
+            best, best_value = g, value
+    return best
+
+
 def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,
                  alpha0: float | None = None) -> float:
     """EMA of the per-token acceptance: alpha_hat = a / min(a + 1, d), 1 when all were accepted.
@@ -130,21 +145,19 @@ class CostModel:
         view), in closed form (per row and step in the scheduler)."""
         return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv, batch * sparse)
 
-    def cost_ratio(self, batch: int, draft_kv: float, context: float, drafts: int, draft_sparse: float = 0.0) -> float:
-        """The c_i of Omega / (1 + c_i * gamma) for a request in a batch of `batch` whose draft reads
-        draft_kv positions, draft_sparse of them scattered through its view.
-
-        Paper (beta_qk = 0): c_i = T_draft / T_verify(d_i). With beta_qk, T_verify grows by
-        g = beta_qk * batch * context per extra draft: the time per verification cycle of gamma
-        drafts is gamma * (T_draft + g) + T_verify(d_i) - d_i * g, which keeps the paper's form with
-        c_i = (T_draft + g) / (T_verify(d_i) - d_i * g).
-        """
+    def cycle_prices(self, batch: int, draft_kv: float, context: float, d_max: int,
+                     draft_sparse: float = 0.0) -> tuple[float, list[float]]:
+        """(T_draft, [T_verify(gamma) for gamma = 0..d_max]): a step of `batch` rows drafting, each
+        reading draft_kv positions (draft_sparse of them scattered), and one of `batch` rows verifying
+        gamma drafts after `context` positions, every term of the model included (the multi-query
+        step too), in closed form: the scheduler prices every gamma for every row of every step."""
         t_draft = self._uniform_time(batch, 1, draft_kv, draft_sparse)
-        t_verify = self._uniform_time(batch, drafts + 1, context)
-        # the next draft adds query x KV work once the verify row has more than qk_free tokens
-        growth = self.beta_qk * batch * context if drafts + 2 > self.qk_free else 0.0
-        base = t_verify - drafts * growth
-        return (t_draft + growth) / base if base > 0 else 1.0
+        base = self.beta0 + self.beta_attn * batch * context
+        per_token, per_query = self.beta_tok * batch, self.beta_qk * batch * context
+        step, free = self.beta_multi * batch * context, self.qk_free
+        t_verify = [base + per_token * (g + 1) + per_query * max(0, g + 1 - free) + (step if g + 1 > free else 0.0)
+                    for g in range(d_max + 1)]
+        return t_draft, t_verify
 
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,

@@ -212,8 +212,8 @@ def test_cost_model_fit_recovers_coefficients():
     m = fit_cost_model(samples)
     assert m.beta0 == pytest.approx(0.002, rel=1e-3) and m.beta_attn == pytest.approx(3e-8, rel=1e-3)
     assert m.r2 == pytest.approx(1.0)
-    c = m.cost_ratio(batch=8, draft_kv=1000, context=16000, drafts=4)
-    assert c == pytest.approx((0.002 + 8e-4 + 8 * 1000 * 3e-8) / (0.002 + 40e-4 + 8 * 16000 * 3e-8))
+    t_draft, t_verify = m.cycle_prices(batch=8, draft_kv=1000, context=16000, d_max=4)
+    assert t_draft / t_verify[4] == pytest.approx((0.002 + 8e-4 + 8 * 1000 * 3e-8) / (0.002 + 40e-4 + 8 * 16000 * 3e-8))
 
 
 def test_page_selection_and_budgets():

@@ -19,6 +19,8 @@ from aspire_bench.decoders.scheduler import (
     MIN_R2,
     CostModel,
     best_gamma,
+    best_gamma_priced,
+    expected_tokens,
     fit_cost_model,
     fit_problem,
     multi_term,
@@ -81,17 +83,40 @@ def test_qk_term_fitted_when_present_and_dropped_when_absent():
     assert fit_problem(m) is None
 
 
-def test_cost_ratio_reduces_to_the_paper_without_qk_and_grows_with_it():
+def test_cycle_prices_each_gamma_with_every_term_of_the_model():
     paper = CostModel(0.002, 1e-4, 3e-8)
     t_draft = 0.002 + 8e-4 + 8 * 1000 * 3e-8
-    t_verify = 0.002 + 40e-4 + 8 * 16000 * 3e-8
-    assert paper.cost_ratio(8, 1000, 16000, 4) == pytest.approx(t_draft / t_verify)
-    qk = CostModel(0.002, 1e-4, 3e-8, 1e-9)
-    g = 1e-9 * 8 * 16000  # the extra verify cost of one more draft
-    t_draft_qk = t_draft + 1e-9 * 8 * 1000
-    t_verify_qk = t_verify + 1e-9 * 8 * 5 * 16000
-    assert qk.cost_ratio(8, 1000, 16000, 4) == pytest.approx((t_draft_qk + g) / (t_verify_qk - 4 * g))
-    assert qk.cost_ratio(8, 1000, 16000, 4) > paper.cost_ratio(8, 1000, 16000, 4)
+    t_draft_p, t_verify_p = paper.cycle_prices(8, 1000, 16000, 6)
+    assert t_draft_p == pytest.approx(t_draft)
+    assert t_verify_p[4] == pytest.approx(0.002 + 40e-4 + 8 * 16000 * 3e-8)
+    stepped = CostModel(0.002, 1e-4, 3e-8, 1e-9, qk_free=2, beta_multi=2e-8)
+    t_draft_s, t_verify_s = stepped.cycle_prices(8, 1000, 16000, 6, draft_sparse=0)
+    for g in range(7):  # the closed form is the step time of a batch of such rows
+        assert t_verify_s[g] == pytest.approx(stepped.rows_time([(g + 1, 16000)] * 8))
+    assert t_draft_s == pytest.approx(stepped.rows_time([(1, 1000)] * 8))
+    # the step: verifying 2 drafts costs more over 1 than 3 over 2
+    assert t_verify_s[2] - t_verify_s[1] > 2 * (t_verify_s[3] - t_verify_s[2])
+
+
+def test_priced_rule_is_the_papers_where_a_verification_costs_the_same_whatever_gamma():
+    for alpha in (0.1, 0.5, 0.8, 0.9, 0.99, 1.0):
+        for c in (0.01, 0.05, 0.2, 0.5, 1.0):
+            assert best_gamma_priced(alpha, c * 0.07, [0.07] * 17) == best_gamma(alpha, c, 16)
+
+
+def test_priced_rule_is_the_bruteforce_argmax_and_sees_the_step(seed):
+    gen = np.random.default_rng(seed)
+    for _ in range(200):
+        alpha, t_draft = float(gen.uniform(0, 1)), float(gen.uniform(0.001, 0.05))
+        t_verify = list(np.cumsum(gen.uniform(0, 0.03, 17)) + 0.07)
+        value = [expected_tokens(alpha, g) / (g * t_draft + t_verify[g]) for g in range(17)]
+        assert best_gamma_priced(alpha, t_draft, t_verify) == max(range(17), key=lambda g: (value[g], -g))
+    # a step at 2 tokens (1.06 -> 1.56 AR steps, then +0.12 per draft, a draft 0.25): with the slope
+    # alone gamma grows past 1 at alpha 0.8; priced, one draft per verification until alpha ~0.9
+    t_verify = [1.0, 1.06] + [1.56 + 0.12 * (g - 2) for g in range(2, 17)]
+    slope_only = [1.0, 1.06] + [1.06 + 0.12 * (g - 1) for g in range(2, 17)]
+    assert [best_gamma_priced(a, 0.25, t_verify) for a in (0.5, 0.7, 0.8)] == [1, 1, 1]
+    assert best_gamma_priced(0.8, 0.25, slope_only) > 1 and best_gamma_priced(0.95, 0.25, t_verify) > 1
 
 
 def _hinge_samples(free: int, seed: int, n_steps: int = 90, jump: float = 0.0, tokens=(1, 2, 5, 9, 17)):
@@ -131,8 +156,10 @@ def test_fit_finds_a_step_where_the_queries_stop_riding_free(seed):
     assert m.rows_time(rows) - m.rows_time([(2, 16000), (1, 1000)]) == pytest.approx(
         m.beta_tok + 16000 * (m.beta_multi + m.beta_qk))
     assert fit_cost_model(samples, terms="paper").beta_multi == 0.0
-    # the scheduler's c keeps the slope alone: the same with and without the step
-    assert m.cost_ratio(8, 1000, 16000, 1) == replace(m, beta_multi=0.0).cost_ratio(8, 1000, 16000, 1)
+    # the scheduler prices the step: a verification of 2 drafts dearer than with the slope alone
+    slope = replace(m, beta_multi=0.0).cycle_prices(8, 1000, 16000, 4)[1]
+    priced = m.cycle_prices(8, 1000, 16000, 4)[1]
+    assert priced[:2] == pytest.approx(slope[:2]) and priced[2] == pytest.approx(slope[2] + 8 * 16000 * m.beta_multi)
 
 
 def _sparse_samples(beta_sparse: float, seed: int, n_steps: int = 90):
@@ -169,15 +196,13 @@ def test_samples_without_rows_fit_a_plain_query_x_kv_term():
     assert m.qk_free == 0 and m.beta_qk == pytest.approx(3e-9, rel=0.15)
 
 
-def test_cost_ratio_with_free_queries():
+def test_cycle_prices_with_free_queries():
     m = CostModel(0.002, 1e-4, 3e-8, 1e-9, qk_free=3)
-    t_draft = 0.002 + 8e-4 + 8 * 1000 * 3e-8  # one query per draft row: free
-    # a verify of 1 draft (2 tokens) has no query x KV work and its next draft adds none
-    assert m.cost_ratio(8, 1000, 16000, 1) == pytest.approx(t_draft / (0.002 + 16e-4 + 8 * 16000 * 3e-8))
-    # at 4 drafts (5 tokens) 2 queries per row pay, and each further draft adds g
-    g = 1e-9 * 8 * 16000
-    t_verify = 0.002 + 40e-4 + 8 * 16000 * 3e-8 + 2 * g
-    assert m.cost_ratio(8, 1000, 16000, 4) == pytest.approx((t_draft + g) / (t_verify - 4 * g))
+    t_draft, t_verify = m.cycle_prices(8, 1000, 16000, 6)
+    assert t_draft == pytest.approx(0.002 + 8e-4 + 8 * 1000 * 3e-8)  # one query per draft row: free
+    # up to 2 drafts (3 tokens) no query x KV work; at 4 drafts (5 tokens) 2 queries per row pay
+    assert t_verify[2] == pytest.approx(0.002 + 24e-4 + 8 * 16000 * 3e-8)
+    assert t_verify[4] == pytest.approx(0.002 + 40e-4 + 8 * 16000 * 3e-8 + 2 * 1e-9 * 8 * 16000)
 
 
 def test_fit_quality_check():
