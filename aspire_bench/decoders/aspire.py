@@ -130,7 +130,7 @@ class AspirePolicy(Policy):
         """The paper's c_i = T_draft / T_verify(d_i) of verifying now (what a verification records)."""
         d = len(seq.pending)
         t_draft, t_verify = self.cycle_prices(seq, batch, d, context_len)
-        return t_draft / t_verify[d]
+        return t_draft / t_verify[d] if t_verify[d] > 0 else 1.0
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
@@ -164,8 +164,9 @@ class AspirePolicy(Policy):
         if not st.verified and d < s.gamma_init:
             return False, None
         t_draft, t_verify = self.cycle_prices(seq, batch, cap, context_len)
-        c = t_draft / t_verify[d]
-        if s.cost_terms == "paper":  # the paper's rule, Omega / (1 + c * gamma): a verification priced alike for every gamma
+        c = t_draft / t_verify[d] if t_verify[d] > 0 else 1.0  # (a model pricing steps at nothing: c = 1)
+        # the paper's rule, Omega / (1 + c * gamma), prices a verification alike for every gamma
+        if s.cost_terms == "paper" or t_verify[0] <= 0:
             return d >= best_gamma(st.alpha, c, cap), c
         return d >= best_gamma_priced(st.alpha, t_draft, t_verify), c
 

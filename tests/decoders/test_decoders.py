@@ -203,6 +203,18 @@ def test_aspire_forced_verify_and_warmup():
     assert policy.should_verify(st2, 1)
 
 
+def test_aspire_decides_with_a_cost_model_that_prices_steps_at_nothing():
+    from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
+    from aspire_bench.decoders.sequence import Sequence
+    reqs = make_requests()
+    for terms in ("auto", "paper"):  # a hand-written calibration of zeros: decides, no division by zero
+        policy = AspirePolicy(AspireSettings(cost_terms=terms), page_size=16, num_layers=4, cost=CostModel(0, 0, 0))
+        st = Sequence(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
+        st.state.verified = True
+        st.pending.append(5)
+        assert policy.should_verify(st, 1) in (True, False) and policy.cost_ratio(st, 1) == 1.0
+
+
 def test_cost_model_fit_recovers_coefficients():
     g = torch.Generator().manual_seed(0)
     samples = []
