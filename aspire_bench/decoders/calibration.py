@@ -25,7 +25,7 @@ from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
 from ..kernels import cpu_sampling
 from .base import PAPER_SAMPLING
-from .common import logits_to_probs, sample_from
+from .common import logits_to_probs, sample_from, stack_rows
 from .magicdec import MagicDecSettings
 from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
 from .selection import (
@@ -114,14 +114,14 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: 
     out = engine.forward(rows)
     lens = [row.n for row in rows]  # logits rows: a verify row's every token, a one-token row's one
     us = torch.rand(sum(lens), generator=gen).tolist()  # in one call, as Sequence.uniforms draws them
-    if out.selected is not None and cpu_sampling.step_applies(out.selected, PAPER_SAMPLING.top_k):
+    stacked = stack_rows([lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)])
+    if cpu_sampling.step_applies(stacked, PAPER_SAMPLING.top_k):
         qs = [stand_in[j % len(stand_in)] for n in lens for j in range(n - 1)]
         drafts = [t for row in rows if row.n > 1 for t in row.tokens[1:]]
-        cpu_sampling.sample_step(out.selected, lens, drafts, qs, us, PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k,
+        cpu_sampling.sample_step(stacked, lens, drafts, qs, us, PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k,
                                  PAPER_SAMPLING.top_p)
     else:
-        parts = [lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)]
-        probs = logits_to_probs(torch.cat(parts), PAPER_SAMPLING).split([len(x) for x in parts])
+        probs = logits_to_probs(stacked, PAPER_SAMPLING).split(lens)
         u = iter(us)
         for i, (row, p) in enumerate(zip(rows, probs)):
             if row.n > 1:

@@ -94,3 +94,14 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> int:
     if i >= probs.numel():  # u rounded up to the total: the last token with mass
         i = int(torch.nonzero(probs).max())
     return i
+
+
+def stack_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts) of 2-D rows, without the copy when they already are consecutive rows of one
+    tensor (the engine's logits are split from one, and a step usually takes all of them)."""
+    first, nbytes = parts[0], 0
+    for x in parts:
+        if not x.is_contiguous() or x.data_ptr() != first.data_ptr() + nbytes:
+            return torch.cat(parts)
+        nbytes += x.numel() * x.element_size()
+    return first.as_strided((sum(len(x) for x in parts), first.shape[-1]), (first.shape[-1], 1))

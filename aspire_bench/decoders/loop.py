@@ -49,7 +49,7 @@ from .base import (
     SamplingParams,
     StepTrace,
 )
-from .common import logits_to_probs, sample_from
+from .common import logits_to_probs, sample_from, stack_rows
 from .sequence import Sequence
 
 
@@ -177,7 +177,7 @@ def _batch_probs(plans: list[Plan], logits: list[torch.Tensor], params: Sampling
     if params.greedy or not plans:
         return {}
     parts = [lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, logits)]
-    probs = logits_to_probs(_stacked(parts), params).split([len(x) for x in parts])
+    probs = logits_to_probs(stack_rows(parts), params).split([len(x) for x in parts])
     return {i: pr if p.kind == VERIFY else pr[0] for i, (p, pr) in enumerate(zip(plans, probs))}
 
 
@@ -192,9 +192,7 @@ def _sample_compiled(plans: list[Plan], out: ForwardOutput, params: SamplingPara
     if params.greedy or not plans:
         return None
     lens = [len(p.seq.pending) + 1 if p.kind == VERIFY else 1 for p in plans]
-    stacked = out.selected  # the engine's logits of these rows, row after row, when it gives them
-    if stacked is None or len(stacked) != sum(lens):
-        stacked = _stacked([lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, out.logits)])
+    stacked = stack_rows([lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, out.logits)])
     if not cpu_sampling.step_applies(stacked, params.top_k):
         return None
     drafts, qs, us = [], [], []
@@ -211,17 +209,6 @@ def _sample_compiled(plans: list[Plan], out: ForwardOutput, params: SamplingPara
         picks.append((tok, a, rows[first] if p.kind == DRAFT else None))
         first += n
     return picks
-
-
-def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(parts) of 2-D rows, without the copy when they already are consecutive rows of one
-    tensor (the engine's logits are split from one, and a step usually takes all of them)."""
-    first, nbytes = parts[0], 0
-    for x in parts:
-        if not x.is_contiguous() or x.data_ptr() != first.data_ptr() + nbytes:
-            return torch.cat(parts)
-        nbytes += x.numel() * x.element_size()
-    return first.as_strided((sum(len(x) for x in parts), first.shape[-1]), (first.shape[-1], 1))
 
 
 def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: SamplingParams, clock) -> StepTrace:

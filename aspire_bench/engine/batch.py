@@ -86,6 +86,3 @@ class ForwardOutput:
     # positions (engine.scattered_positions; 0 for a row without a view): scattered
     # pages cost more per position than a contiguous prefix, and the cost model prices them apart
     kv_sparse: list[int] = field(default_factory=list)
-    # every row's logits, row after row, of which `logits` are the splits: one tensor for a step's
-    # batched sampling (None where an engine does not give it)
-    selected: torch.Tensor | None = None

@@ -216,5 +216,4 @@ class Engine:
             torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
-        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads, kv_sparse=sparse,
-                             selected=logits)
+        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads, kv_sparse=sparse)
