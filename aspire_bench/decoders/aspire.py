@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..engine import PAGE_MAX_SUM, SCATTERED_RUN, Capture, PageView
+from ..engine import PAGE_MAX_SUM, SCATTERED_HEAD, Capture, PageView
 from ..errors import ConfigError
 from .base import DRAFT, VERIFY
 from .calibration import run_cost_model
@@ -230,7 +230,7 @@ class AspirePolicy(Policy):
 @functools.lru_cache(maxsize=1024)
 def _page_set_reads(prefix: int, page_size: int, ratio: float, min_pages: int, recent: int) -> tuple[int, int] | None:
     """(positions of a draft's page set over `prefix`, the most recent page partly filled; the upper
-    bound of them scattered: all but the recent pages' run when it is long enough to stream), or None
+    bound of them scattered: every older page alone, and the head of the recent pages' run), or None
     when the budget covers every page. Cached: the scheduler asks for each row twice per step."""
     n_pages = -(-prefix // page_size)
     budget = page_budget(n_pages, ratio, min_pages)
@@ -239,7 +239,7 @@ def _page_set_reads(prefix: int, page_size: int, ratio: float, min_pages: int, r
     unfilled = n_pages * page_size - prefix  # of the most recent page
     viewed = budget * page_size - unfilled
     recent_run = min(recent, budget) * page_size - unfilled
-    return viewed, viewed - (recent_run if recent_run >= SCATTERED_RUN else 0)
+    return viewed, viewed - recent_run + min(recent_run, SCATTERED_HEAD)
 
 
 class AspireDecoder(Decoder):

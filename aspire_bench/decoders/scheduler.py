@@ -105,9 +105,10 @@ class CostModel:
     read they cost nothing extra: `qk_free` (fitted) is how many. 0 is the plain linear term.
 
     The sparse term is zero in the paper's model too: a draft's pages, scattered over the cache,
-    cost a CPU more per position than a contiguous prefix (short runs defeat the hardware
-    prefetcher), so beta_sparse is what a position read in a short run (engine.SCATTERED_RUN)
-    costs beyond beta_attn. A sink + window view is long runs and pays (almost) none of it.
+    cost a CPU more per position than a contiguous prefix (the first positions of every run are
+    read before the hardware streams it), so beta_sparse is what a position at the head of a run
+    (engine.SCATTERED_HEAD) costs beyond beta_attn. A sink + window view is two runs and pays for
+    their heads only.
 
     The multi-query term is zero in the paper's model too. A CPU kernel may verify a row whose
     queries no longer ride free by another method than a row whose queries do (the compiled kernel:

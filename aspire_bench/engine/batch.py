@@ -82,7 +82,7 @@ class ForwardOutput:
     # per row: KV positions its last token attended, averaged over layers (rounded): the prefix
     # positions of its view (or the whole prefix at a full layer) plus the row's own tokens
     kv_read: list[int] = field(default_factory=list)
-    # per row: the part of kv_read gathered through a sparse view in runs shorter than SCATTERED_RUN
-    # positions (engine.scattered_positions; 0 for a row without a view): scattered
-    # pages cost more per position than a contiguous prefix, and the cost model prices them apart
+    # per row: the part of kv_read gathered through a sparse view at the head of its runs, the first
+    # SCATTERED_HEAD positions of each (engine.scattered_positions; 0 for a row without a view): a
+    # run's head costs more per position than the rest, which streams, and the cost model prices it apart
     kv_sparse: list[int] = field(default_factory=list)

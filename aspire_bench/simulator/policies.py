@@ -20,7 +20,7 @@ from ..decoders.scheduler import CostModel
 from ..decoders.selection import streaming_positions, token_budget
 from ..decoders.sequence import Sequence
 from ..decoders.sync import lockstep
-from ..engine import SCATTERED_RUN, scattered_positions
+from ..engine import SCATTERED_HEAD, scattered_positions
 from ..errors import UserError
 
 __all__ = ["DECODE", "DRAFT", "VERIFY", "SimPolicy"]
@@ -96,7 +96,7 @@ class SimPolicy:
         if k >= length:
             return prefix + 1, 0
         since = prefix - length
-        return k + since + 1, k + (since if since < SCATTERED_RUN else 0)
+        return k + since + 1, k + min(since, SCATTERED_HEAD)
 
     def _aspire_row(self, seq: Sequence, batch: int) -> tuple:
         pol = self.policy

@@ -116,7 +116,7 @@ def test_engine_reports_the_kv_positions_each_row_read(engine):
     per_layer_true = [4 + 1 if i % 2 else 61 + 1 for i in range(L)]
     refresh_true = [61 + 1 if i == L - 2 else page_read for i in range(L)]
     assert reported == [64, page_read, round(sum(per_layer_true) / L), round(sum(refresh_true) / L)]
-    # the part read scattered through a view (runs shorter than SCATTERED_RUN, the row's own tokens
+    # the part read scattered through a view (each run's first SCATTERED_HEAD positions, the row's own tokens
     # not counted): none for the full row, the view's layers' share for the others
     scattered = page_read - 1  # two runs: one page, and 13 positions of another
     assert sparse == [0, scattered, round(4 * (L // 2) / L), round((L - 1) * scattered / L)]

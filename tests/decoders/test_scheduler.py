@@ -28,7 +28,7 @@ from aspire_bench.decoders.scheduler import (
     update_alpha,
 )
 from aspire_bench.decoders.sequence import Sequence
-from aspire_bench.engine import Engine, Row, load_model
+from aspire_bench.engine import SCATTERED_HEAD, Engine, Row, load_model
 
 SPARSE = dict(min_pages=2, recent_pages=1)
 
@@ -360,8 +360,8 @@ def test_the_cost_ratio_prices_the_draft_the_engine_runs(engine, refresh):
 def test_drafts_are_priced_at_the_scattered_share_the_engine_counted(engine, side_by_side):
     """draft_kv's bound takes every page of a draft's set as scattered (the recent one is a run of 16
     here); the policy counts what the engine read for its drafts and prices the next draft at that
-    share of the bound: below 1 when the selected pages lie side by side (one run of 80 positions),
-    1 when no two do."""
+    share of the bound: below 1 when the selected pages lie side by side (one run of 80 positions,
+    of which its head counts), 1 when no two do."""
     settings = AspireSettings(min_pages=6, recent_pages=1)
     cost = CostModel(2e-3, 1e-4, 1e-7, beta_sparse=1e-7)
     policy = AspirePolicy(settings, engine.page_size, engine.cfg.num_layers, cost)
@@ -381,8 +381,11 @@ def test_drafts_are_priced_at_the_scattered_share_the_engine_counted(engine, sid
     policy.step_done(StepTrace(0, 0.0, 1.0, [RowTrace("x", "draft", 1, kv_read=out.kv_read[0],
                                                       kv_sparse=out.kv_sparse[0])]))
     assert (policy.scattered_counted, policy.scattered_assumed) == (out.kv_sparse[0], bound)
-    if side_by_side:  # only the recent page's positions are read in a short run
-        assert 0 < policy.scattered_share < 0.5
+    if side_by_side:  # the run's head and the recent page
+        ps, L = engine.page_size, engine.cfg.num_layers
+        recent = prefix - (-(-prefix // ps) - 1) * ps  # positions of the partly filled last page
+        assert policy.scattered_counted == round((L - 1) * (SCATTERED_HEAD + recent) / L)  # (refresh layer: none)
+        assert 0 < policy.scattered_share < 1
         assert policy.draft_kv(prefix)[1] < bound and policy.cost_ratio(seq, 8) < before
     else:
         assert policy.scattered_share == 1.0 and policy.cost_ratio(seq, 8) == before

@@ -86,21 +86,23 @@ def test_all_pages_view_equals_full(checkpoints):
 
 
 def test_forward_reports_each_rows_kv_read_and_its_scattered_part(checkpoints):
-    """kv_read: positions attended per layer (view + own tokens); kv_sparse: those of the view in runs
-    shorter than SCATTERED_RUN, counted here from the view's own description."""
-    from aspire_bench.engine import SCATTERED_RUN
+    """kv_read: positions attended per layer (view + own tokens); kv_sparse: those of the view at the
+    head of its runs (the first SCATTERED_HEAD of each), counted here from the view's own description."""
+    from aspire_bench.engine import SCATTERED_HEAD
     path, _ = checkpoints["qwen3"]
     eng = Engine(load_model(path), attention_backend="torch")
     eng.reserve(512)
     s = eng.alloc(300)
     eng.forward([Row(s, list(range(1, 201)), 0, logits="none")])  # 200 positions: pages 0..12, 12 partial
-    sinks, window = torch.arange(4), torch.arange(200 - SCATTERED_RUN - 8, 200)
-    pages = torch.tensor([1, 3, 4, 9, 12])  # page 12 holds positions 192..199 only
+    sinks, window = torch.arange(4), torch.arange(200 - 2 * SCATTERED_HEAD - 8, 200)
+    pages = torch.tensor([1, 3, 4, 5, 9, 12])  # page 12 holds positions 192..199 only
     out = eng.forward([Row(s, [5, 6], 200, view=TokenView(torch.cat((sinks, window))), logits="none"),
                        Row(s, [5, 6], 200, view=PageView(pages), logits="none")])
-    assert out.kv_read == [4 + SCATTERED_RUN + 8 + 2, 16 * 4 + 8 + 2]
-    # the sinks are a short run, the window a long one; the pages' runs are 16, 32, 16 and 8 positions
-    assert out.kv_sparse == [4, 16 + 32 + 16 + 8]
+    assert out.kv_read == [4 + 2 * SCATTERED_HEAD + 8 + 2, 16 * 5 + 8 + 2]
+    # the sinks are a short run, counted in full, the window a long one, counted for its head; the
+    # pages' runs are 16, 48, 16 and 8 positions
+    assert SCATTERED_HEAD <= 48
+    assert out.kv_sparse == [4 + SCATTERED_HEAD, 16 + SCATTERED_HEAD + 16 + 8]
 
 
 def test_sparse_page_view_equals_masked_dense_attention():
@@ -299,17 +301,20 @@ def test_kv_pool_is_zeroed_independent_and_sized(dtype):
     assert cache.bytes_per_position == 2 * 2 * 2 * 16 * cache.k.element_size()
 
 
-def test_scattered_positions_counts_the_positions_in_short_runs():
-    from aspire_bench.engine import SCATTERED_RUN, scattered_positions
-    long = torch.arange(100, 100 + SCATTERED_RUN)  # one run of exactly SCATTERED_RUN: streams
-    short = torch.arange(300, 300 + SCATTERED_RUN - 1)  # one shorter: scattered
+def test_scattered_positions_counts_the_head_of_every_run():
+    from aspire_bench.engine import SCATTERED_HEAD, scattered_positions
+    H = SCATTERED_HEAD
+    long = torch.arange(100, 100 + 3 * H)  # a long run: its head only
+    exact = torch.arange(1000, 1000 + H)  # a run of exactly the head: all of it
+    short = torch.arange(300, 300 + H - 1)  # a shorter run: all of it
     singles = torch.tensor([5, 7, 9])
-    assert scattered_positions(long) == 0
-    assert scattered_positions(short) == SCATTERED_RUN - 1
-    assert scattered_positions(torch.cat((singles, long, short))) == 3 + SCATTERED_RUN - 1
+    assert scattered_positions(long) == H
+    assert scattered_positions(exact) == H
+    assert scattered_positions(short) == H - 1
+    assert scattered_positions(torch.cat((singles, long, short, exact))) == 3 + H + H - 1 + H
     assert scattered_positions(torch.tensor([], dtype=torch.long)) == 0
-    assert scattered_positions(torch.cat((singles, long, short)).numpy()) == 3 + SCATTERED_RUN - 1
+    assert scattered_positions(torch.cat((singles, long, short)).numpy()) == 3 + H + H - 1
     # one row per layer: each layer's runs on their own, even where one layer ends where the next begins
-    halves = torch.stack((torch.arange(0, SCATTERED_RUN // 2), torch.arange(SCATTERED_RUN // 2, SCATTERED_RUN)))
-    assert scattered_positions(halves) == SCATTERED_RUN
-    assert scattered_positions(torch.stack((long, long))) == 0
+    halves = torch.stack((torch.arange(0, H // 2), torch.arange(H // 2, H)))
+    assert scattered_positions(halves) == H
+    assert scattered_positions(torch.stack((long, long))) == 2 * H
