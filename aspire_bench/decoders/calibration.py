@@ -308,7 +308,9 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
         path = calibration_path(engine, batch_size)
         if not path.exists():
             context = min(CALIBRATION_CONTEXT, engine.max_context - d_max - engine.page_size - 1)
-            save_calibration(calibrate(engine, batch_size, context, repeats=2), engine, batch_size, path)
+            # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
+            # does not move it (the median of 2 is their mean, which it moves by half)
+            save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
     else:
         path = Path(calibration)
         if not path.exists():
