@@ -28,6 +28,7 @@ from aspire_bench.decoders.calibration import last_level_cache_bytes
 from aspire_bench.decoders.selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget
 from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
 from aspire_bench.engine.loading import random_model
+from aspire_bench.harness.step_costs import Cell
 from aspire_bench.tinymodel import TINY_DIR
 
 
@@ -51,17 +52,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     cfg = json.loads((TINY_DIR / "config.json").read_text())
     engine = Engine(random_model(cfg, "float32", "cpu", a.seed), None, "cpu")
-    ps, refresh = engine.page_size, cfg["num_hidden_layers"] - 2
-    n_pages = a.context // ps
+    refresh = cfg["num_hidden_layers"] - 2
+    n_pages = a.context // engine.page_size
     older = page_budget(n_pages, PAGE_RATIO, MIN_PAGES) - RECENT_PAGES
     ks = [int(k) for k in a.runs.split(",")]
     if any(older % k for k in ks):
         print(f"error: every run length must divide the {older} older pages of the budget at {a.context}", file=sys.stderr)
         return 2
-    engine.reserve(a.batch * (a.context + 2 * ps))
-    engine.cache.k.uniform_(-2.0, 2.0)
-    engine.cache.v.uniform_(-2.0, 2.0)
-    slots = [engine.alloc(a.context + ps) for _ in range(a.batch)]
+    slots = Cell(engine, a.context, a.batch, 0, a.seed).slots  # random KV, one slot per row
     flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4).fill_(1.0)
     rng = random.Random(a.seed)
 

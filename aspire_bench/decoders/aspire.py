@@ -129,8 +129,7 @@ class AspirePolicy(Policy):
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
         """The paper's c_i = T_draft / T_verify(d_i) of verifying now (what a verification records)."""
         d = len(seq.pending)
-        t_draft, t_verify = self.cycle_prices(seq, batch, d, context_len)
-        return t_draft / t_verify[d] if t_verify[d] > 0 else 1.0
+        return _paper_c(*self.cycle_prices(seq, batch, d, context_len), d)
 
     def should_verify(self, seq, batch: int, context_len: int | None = None) -> bool:
         """Pure: reads the sequence's pending drafts, its state and this run's cost model."""
@@ -164,7 +163,7 @@ class AspirePolicy(Policy):
         if not st.verified and d < s.gamma_init:
             return False, None
         t_draft, t_verify = self.cycle_prices(seq, batch, cap, context_len)
-        c = t_draft / t_verify[d] if t_verify[d] > 0 else 1.0  # (a model pricing steps at nothing: c = 1)
+        c = _paper_c(t_draft, t_verify, d)
         # the paper's rule, Omega / (1 + c * gamma), prices a verification alike for every gamma
         if s.cost_terms == "paper" or t_verify[0] <= 0:
             return d >= best_gamma(st.alpha, c, cap), c
@@ -225,6 +224,11 @@ class AspirePolicy(Policy):
             fit = fit_cost_model(self.samples[-256:], source="online", terms=self.settings.cost_terms)
             if fit_problem(fit) is None:
                 self.cost = fit
+
+
+def _paper_c(t_draft: float, t_verify: list[float], d: int) -> float:
+    """The paper's c = T_draft / T_verify(d); 1 for a model that prices steps at nothing."""
+    return t_draft / t_verify[d] if t_verify[d] > 0 else 1.0
 
 
 @functools.lru_cache(maxsize=1024)

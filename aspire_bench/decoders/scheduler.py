@@ -115,7 +115,7 @@ class CostModel:
     scores through a transposed K block, with a fixed cost per key whatever the queries), so the
     first token past qk_free costs more than each later one: beta_multi per KV position is that
     step, beta_qk the slope after it. It prices steps (rows_time: the simulator, the calibration's
-    own fit); the scheduler's c_i keeps the slope alone (cost_ratio).
+    own fit) and each draft length for ASPIRE's scheduler (cycle_prices).
     """
 
     beta0: float

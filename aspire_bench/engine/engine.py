@@ -20,8 +20,9 @@ from .model import Transformer
 # extra cost over runs of 16 pages fell as 1 : 0.84 : 0.51 : 0.11, as a head of 32 positions per run
 # has it (1 : 1 : 0.43 : 0.14). A threshold instead (runs shorter than 64 scattered, longer ones
 # free) gave runs of 4 pages or more no extra cost, and priced a real page selection, whose pages
-# often lie in runs of 2-8, 4-7% below random single pages that cost the same. ASPIRE's single pages and Vegas's tokens are scattered in full; a long run, such as the
-# recent pages or MagicDec's window, pays for its head only.
+# often lie in runs of 2-8, 4-7% below random single pages that cost the same. ASPIRE's single
+# pages and Vegas's tokens are scattered in full; a long run, such as the recent pages or MagicDec's
+# window, pays for its head only.
 SCATTERED_HEAD = 32
 
 
