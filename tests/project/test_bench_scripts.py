@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import attention_ab
 import dense_forward
+import draft_parts
 import host_work
 import step_costs
 
@@ -48,6 +49,27 @@ def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
     assert all(r.sparse[0][-3:].tolist() == [r.base + 80 + i for i in range(3)] for r in rows)  # own tokens last
     assert all(r.base + r.start + r.n <= cap for r in rows)
     assert attention_ab.main(["--a", "no/such.cpp"]) == 2
+
+
+def test_draft_parts_adds_one_part_of_a_draft_per_kind(tmp_path):
+    from aspire_bench.harness.step_costs import Cell
+    engine = step_costs.make_engine("tiny", "float32", "cpu", "torch", seed=0)
+    cell, L = Cell(engine, 1024, 2, 0, 0), engine.cfg.num_layers
+    out = {k: engine.forward(draft_parts.part_rows(cell, 1024, L - 2, k)) for k in draft_parts.KINDS}
+    read, sparse = {k: o.kv_read for k, o in out.items()}, {k: o.kv_sparse for k, o in out.items()}
+    assert read["weights"] == [1, 1] and read["ar"] == [1025, 1025]
+    # the same pages, as one run or scattered: the same read, more of it at the head of a run
+    assert read["contiguous"] == read["scattered"] and all(a < b for a, b in zip(sparse["contiguous"], sparse["scattered"]))
+    assert all(s < f < 1025 for s, f in zip(read["scattered"], read["refresh"])) and read["draft"] == read["refresh"]
+    assert [k for k, o in out.items() if o.captures] == ["draft"]  # only the draft keeps its page scores
+    for slot in cell.slots:
+        engine.free(slot)
+    path = tmp_path / "parts.json"
+    assert draft_parts.main(["--context", "1024", "--batch", "2", "--repeats", "2", "--threads", "1",
+                             "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    assert set(res["ms"]) == set(draft_parts.KINDS) and min(res["ms"].values()) > 0
+    assert sum(res["share_of_ar"].values()) == pytest.approx(res["c"])  # the parts add up to the draft step
 
 
 def test_step_costs_measures_every_row_kind():
