@@ -3,11 +3,15 @@
 Per run (one context, batch size and sampling setting): the task's samples after the measured ones
 (other sample indices, so other prompts) form the tuning set, one batch of them (at least 2), each
 generating min(max_new_tokens, TUNE_NEW_TOKENS) tokens under the run's sampling setting with another
-seed. Every gamma of the decoder's grid runs once on that set after a short warm-up; the gamma with
-the highest decode tok/s wins. Procedure and cost: docs/metrics.md#tuned-baselines.
+seed. After a short warm-up the decoder's grid runs TUNE_ROUNDS times on that set, each round in a
+fresh random order, so that a drift in the machine's speed (memory bandwidth here moves by 1.5x
+within minutes) lands on every gamma alike; the gamma with the highest median decode tok/s wins.
+Procedure and cost: docs/metrics.md#tuned-baselines.
 """
 from __future__ import annotations
 
+import random
+import statistics
 from dataclasses import replace
 
 from ..errors import ConfigError
@@ -16,6 +20,7 @@ from .generation import build_requests, generate
 
 TUNE_GRIDS = {"magicdec": (1, 2, 3, 4), "vegas": (1, 2, 3, 4, 6)}
 TUNE_NEW_TOKENS = 32
+TUNE_ROUNDS = 3
 TUNE_SEED_OFFSET = 10_000  # tuning draws never share a seed with a measured repeat
 
 
@@ -34,7 +39,8 @@ def tuning_requests(cfg, engine, measured) -> list:
 
 
 def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
-    """{"gamma": best, "decode_tok_s": {gamma: tok/s}, "n_requests", "max_new_tokens"} for cfg.decoder."""
+    """{"gamma": best, "decode_tok_s": {gamma: median tok/s over the rounds}, "rounds", "n_requests",
+    "max_new_tokens"} for cfg.decoder."""
     grid = TUNE_GRIDS.get(cfg.decoder)
     if grid is None:
         raise ConfigError(f"{cfg.decoder} has no draft length to tune: tune only {', '.join(TUNE_GRIDS)}")
@@ -43,10 +49,14 @@ def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs]
     generate(cfg.decoder, {**cfg.decoder_args, "gamma": grid[0]}, engine, warm, params, cfg.batch_size,
               "tuning warm-up", False)
-    speed = {}
-    for g in grid:
-        out = generate(cfg.decoder, {**cfg.decoder_args, "gamma": g}, engine, reqs, params, cfg.batch_size,
-                        f"tuning {cfg.decoder} gamma={g}", show_progress)
-        speed[g] = metrics.decode_tok_s(out) or 0.0
-    best = max(speed, key=speed.get)
-    return {"gamma": best, "decode_tok_s": speed, "n_requests": len(reqs), "max_new_tokens": reqs[0].max_new_tokens}
+    rng = random.Random(params.seed)
+    runs = {g: [] for g in grid}
+    for rnd in range(TUNE_ROUNDS):
+        for g in rng.sample(grid, len(grid)):
+            out = generate(cfg.decoder, {**cfg.decoder_args, "gamma": g}, engine, reqs, params, cfg.batch_size,
+                            f"tuning {cfg.decoder} gamma={g} ({rnd + 1}/{TUNE_ROUNDS})", show_progress)
+            runs[g].append(metrics.decode_tok_s(out) or 0.0)
+    speed = {g: statistics.median(v) for g, v in runs.items()}
+    best = max(grid, key=speed.get)  # first in the grid on a tie
+    return {"gamma": best, "decode_tok_s": speed, "rounds": TUNE_ROUNDS, "n_requests": len(reqs),
+            "max_new_tokens": reqs[0].max_new_tokens}

@@ -5,6 +5,7 @@ Timing-dependent comparisons run on a fake clock that advances by a fixed cost p
 forward pass, so they test the method, not this machine's load."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -98,6 +99,33 @@ def test_tuning_requests_are_apart_from_measured_ones(random_tiny):
     tune = tuning_requests(cfg, p.engine, p.reqs)
     assert len(tune) == 2 and all(r.max_new_tokens == 32 for r in tune)
     assert not {tuple(r.prompt_ids) for r in tune} & {tuple(r.prompt_ids) for r in p.reqs}
+
+
+def test_tuning_takes_the_median_of_rounds_in_fresh_orders(monkeypatch):
+    """One disturbed tuning run (the machine slowed to half speed during it) does not decide: the grid
+    runs in a fresh order per round and the median over the rounds wins. With one run per gamma in the
+    grid's order, the fourth run is gamma 4's, and gamma 1 would win."""
+    from aspire_bench.harness import tuning
+
+    @dataclass
+    class Req:
+        max_new_tokens: int = 32
+
+    @dataclass
+    class Params:
+        seed: int = 0
+
+    order = []
+    monkeypatch.setattr(tuning, "tuning_requests", lambda cfg, engine, measured: [Req()])
+    monkeypatch.setattr(tuning, "generate", lambda decoder, args, engine, reqs, *a: order.append(args["gamma"]) or args["gamma"])
+    runs = iter(range(100))
+    monkeypatch.setattr(tuning.metrics, "decode_tok_s",
+                        lambda g: (105.0 if g == 4 else 100.0) * (0.5 if next(runs) == 3 else 1.0))
+    res = tuning.tune(SimpleNamespace(decoder="magicdec", decoder_args={}, batch_size=2), None, [], Params())
+    grid = tuning.TUNE_GRIDS["magicdec"]
+    rounds = [order[1 + i * len(grid):1 + (i + 1) * len(grid)] for i in range(tuning.TUNE_ROUNDS)]  # after the warm-up
+    assert all(sorted(r) == list(grid) for r in rounds) and len({tuple(r) for r in rounds}) > 1
+    assert res["gamma"] == 4 and res["rounds"] == tuning.TUNE_ROUNDS and res["decode_tok_s"][4] == 105.0
 
 
 def test_decode_tok_s_respects_tpot_with_interleaved_prefill(random_tiny):
