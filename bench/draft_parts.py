@@ -22,19 +22,16 @@ import argparse
 import functools
 import json
 import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aspire_bench.decoders.calibration import last_level_cache_bytes
 from aspire_bench.decoders.selection import MIN_PAGES, PAGE_RATIO, page_budget
-from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
+from aspire_bench.engine import Engine, PageView, Row
 from aspire_bench.engine.loading import random_model
-from aspire_bench.harness.step_costs import Cell
+from aspire_bench.harness.step_costs import Cell, timed_cold
 from aspire_bench.tinymodel import TINY_DIR
 
 KINDS = ("weights", "contiguous", "scattered", "refresh", "draft", "ar")
@@ -43,21 +40,18 @@ PARTS = {"weights": "weights and fixed cost", "contiguous": "pages read as one r
          "draft": "page scores captured"}
 
 
-def part_rows(cell: Cell, context: int, refresh_layer: int, kind: str) -> list[Row]:
-    """One row of `kind` (KINDS) per slot of `cell`, the slots reset to `context` positions."""
-    refresh = frozenset({refresh_layer})
-    n_pages = -(-context // cell.engine.page_size)
+def part_rows(cell: Cell, kind: str) -> list[Row]:
+    """One row of `kind` (KINDS) per slot of `cell`, the slots reset to the cell's context. weights, ar
+    and draft are the step-cost kinds of that name (draft: Cell's "aspire", c_aspire's row)."""
+    if kind in ("weights", "ar", "draft"):
+        return cell.rows("aspire" if kind == "draft" else kind)
+    n_pages = -(-cell.C // cell.engine.page_size)
     one_run = PageView(torch.arange(n_pages - page_budget(n_pages, PAGE_RATIO, MIN_PAGES), n_pages))
-    rows = []
-    for slot, pages in zip(cell.slots, cell.pages):
-        slot.length = context
-        if kind in ("weights", "ar"):
-            rows.append(Row(slot, [5], 0 if kind == "weights" else context))
-            continue
-        rows.append(Row(slot, [5], context, view=one_run if kind == "contiguous" else PageView(pages),
-                        full_layers=refresh if kind in ("refresh", "draft") else frozenset(),
-                        capture=Capture((refresh_layer,), (0,), PAGE_MAX_SUM) if kind == "draft" else None))
-    return rows
+    full = frozenset({cell.refresh}) if kind == "refresh" else frozenset()
+    for slot in cell.slots:
+        slot.length = cell.C
+    return [Row(slot, [5], cell.C, view=one_run if kind == "contiguous" else PageView(pages), full_layers=full)
+            for slot, pages in zip(cell.slots, cell.pages)]
 
 
 def main(argv=None) -> int:
@@ -73,24 +67,7 @@ def main(argv=None) -> int:
     cfg = json.loads((TINY_DIR / "config.json").read_text())
     engine = Engine(random_model(cfg, "float32", "cpu", a.seed), None, "cpu")
     cell = Cell(engine, a.context, a.batch, 0, a.seed)  # random KV, one slot per row, a real draft's pages
-    rows = functools.partial(part_rows, cell, a.context, cfg["num_hidden_layers"] - 2)
-
-    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4).fill_(1.0)
-    rng = random.Random(a.seed)
-    times = {k: [] for k in KINDS}
-    for rnd in range(a.repeats + 1):  # the first round warms up
-        order = list(KINDS)
-        rng.shuffle(order)
-        for kind in order:
-            engine.forward(rows(kind))
-            timed_rows = rows(kind)
-            flush.sum().item()
-            t0 = time.perf_counter()
-            engine.forward(timed_rows)
-            if rnd:
-                times[kind].append(time.perf_counter() - t0)
-        print(f"round {rnd}/{a.repeats}", end="\r", file=sys.stderr, flush=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med, _ = timed_cold(engine, functools.partial(part_rows, cell), KINDS, a.repeats, random.Random(a.seed))
     ar = med["ar"]
     parts = {k: (med[k] - (med[KINDS[i - 1]] if i else 0.0)) / ar for i, k in enumerate(KINDS[:-1])}
     print(f"{a.batch} ASPIRE draft rows at {a.context}, {a.threads} threads, median of {a.repeats} cold steps; "

@@ -18,17 +18,15 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aspire_bench.decoders.calibration import last_level_cache_bytes
 from aspire_bench.decoders.selection import MIN_PAGES, PAGE_RATIO, RECENT_PAGES, page_budget
 from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row
 from aspire_bench.engine.loading import random_model
-from aspire_bench.harness.step_costs import Cell
+from aspire_bench.harness.step_costs import Cell, timed_cold
 from aspire_bench.tinymodel import TINY_DIR
 
 
@@ -60,32 +58,14 @@ def main(argv=None) -> int:
         print(f"error: every run length must divide the {older} older pages of the budget at {a.context}", file=sys.stderr)
         return 2
     slots = Cell(engine, a.context, a.batch, 0, a.seed).slots  # random KV, one slot per row
-    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4).fill_(1.0)
     rng = random.Random(a.seed)
 
     def rows(k: int) -> list[Row]:
-        for s in slots:
-            s.length = a.context
         return [Row(s, [5], a.context, view=PageView(pages_in_runs(n_pages, older, k, rng)),
                     full_layers=frozenset({refresh}), capture=Capture((refresh,), (0,), PAGE_MAX_SUM)) for s in slots]
 
-    times, sparse = {k: [] for k in ks}, {}
-    for rnd in range(a.repeats + 1):  # the first round warms up
-        order = ks[:]
-        rng.shuffle(order)
-        for k in order:
-            rs = rows(k)
-            engine.forward(rs)
-            for s in slots:
-                s.length = a.context
-            flush.sum().item()
-            t0 = time.perf_counter()
-            out = engine.forward(rs)
-            if rnd:
-                times[k].append(time.perf_counter() - t0)
-                sparse[k] = statistics.mean(out.kv_sparse)
-        print(f"round {rnd}/{a.repeats}", end="\r", file=sys.stderr, flush=True)
-    med = {k: statistics.median(times[k]) for k in ks}
+    med, outs = timed_cold(engine, rows, ks, a.repeats, rng)
+    sparse = {k: statistics.mean(out.kv_sparse) for k, out in outs.items()}
     lo, hi = ks[0], ks[-1]
     print(f"{a.batch} draft rows at {a.context}: {older} older pages in runs of k, {RECENT_PAGES} recent; "
           f"{a.threads} threads, median of {a.repeats}")

@@ -20,7 +20,9 @@ paying a C-token prefill per row. bench/step_costs.py is the command-line front 
 """
 from __future__ import annotations
 
+import random
 import statistics
+import sys
 import time
 
 import torch
@@ -115,6 +117,33 @@ def timed_interleaved(fns: dict, repeats: int, sync) -> dict:
             sync()
             ts[key].append(time.perf_counter() - t0)
     return {key: statistics.median(v) for key, v in ts.items()}
+
+
+def timed_cold(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random) -> tuple[dict, dict]:
+    """(median wall seconds of a forward of rows_of(kind), that kind's last timed output) per kind, as a
+    decoding step meets its KV: rounds over the kinds in a fresh random order (the first a warm-up, not
+    kept), each timed forward after an untimed one of the same rows and a read of twice the last-level
+    cache, so that it finds neither its KV nor the weights in cache. Progress on stderr."""
+    from ..decoders.calibration import last_level_cache_bytes
+    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4, device=engine.device).fill_(1.0)
+    times, outs = {k: [] for k in kinds}, {}
+    for rnd in range(repeats + 1):
+        order = list(kinds)
+        rng.shuffle(order)
+        for kind in order:
+            rows = rows_of(kind)
+            for timed_now in (False, True):
+                for r in rows:  # the forward moved each slot past the row's tokens
+                    r.slot.length = r.start
+                if timed_now:
+                    flush.sum().item()
+                t0 = time.perf_counter()
+                out = engine.forward(rows)
+                if timed_now and rnd:
+                    times[kind].append(time.perf_counter() - t0)
+                    outs[kind] = out
+        print(f"round {rnd}/{repeats}", end="\r", file=sys.stderr, flush=True)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
 def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:

@@ -54,8 +54,8 @@ def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
 def test_draft_parts_adds_one_part_of_a_draft_per_kind(tmp_path):
     from aspire_bench.harness.step_costs import Cell
     engine = step_costs.make_engine("tiny", "float32", "cpu", "torch", seed=0)
-    cell, L = Cell(engine, 1024, 2, 0, 0), engine.cfg.num_layers
-    out = {k: engine.forward(draft_parts.part_rows(cell, 1024, L - 2, k)) for k in draft_parts.KINDS}
+    cell = Cell(engine, 1024, 2, 0, 0)
+    out = {k: engine.forward(draft_parts.part_rows(cell, k)) for k in draft_parts.KINDS}
     read, sparse = {k: o.kv_read for k, o in out.items()}, {k: o.kv_sparse for k, o in out.items()}
     assert read["weights"] == [1, 1] and read["ar"] == [1025, 1025]
     # the same pages, as one run or scattered: the same read, more of it at the head of a run
