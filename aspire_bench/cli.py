@@ -364,7 +364,9 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
                + (f" + {res['beta_multi'] * 1e9:.3f} ns/KV position read by a row of more than {res['qk_free']} "
                   "tokens" if res.get("beta_multi") else "")
                + (f" + {res['beta_sparse'] * 1e9:.3f} ns/KV position read scattered through a sparse view"
-                  if res["beta_sparse"] else " (sparse-view term not significant)"))
+                  if res["beta_sparse"] else " (sparse-view term not significant)")
+               + (f" + {res['beta_capture'] * 1e9:.3f} ns/KV position whose scores a row captured"
+                  if res.get("beta_capture") else " (capture term not significant)"))
     from .decoders.scheduler import CostModel, fit_problem
     problem = fit_problem(CostModel.from_dict(res, "calibration"))
     if problem:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aspire_bench.harness.records import ROW_COLUMNS, row_kv_sparse
+from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_sparse
 from aspire_bench.harness.store import Store
 from aspire_bench.simulator.rows import stored_cost, stored_rows
 
@@ -66,7 +66,8 @@ def step_kinds(store_path: str, decoders, calibration: str | None = None) -> lis
                 acc = by_kind.setdefault(key, [0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += step.t_end - step.t_start
-                acc[2] += cost.step_time([(r[kind], r[n], r[kv], row_kv_sparse(r)) for r in step.rows])
+                acc[2] += cost.step_time([(r[kind], r[n], r[kv], row_kv_sparse(r), row_kv_captured(r))
+                                          for r in step.rows])
             for key, (count, measured, model) in sorted(by_kind.items()):
                 out.append({"run_id": record.run_id, "decoder": s["decoder"], "context": record.config.get("context_len"),
                             "step_kind": key, "steps": count, "measured_ms": measured / count * 1e3,

@@ -121,10 +121,14 @@ class AspirePolicy(Policy):
 
     def cycle_prices(self, seq, batch: int, d_max: int, context_len: int | None = None) -> tuple[float, list[float]]:
         """The cost model's price of the next draft step and of verifying 0..d_max drafts now
-        (CostModel.cycle_prices), for this request's context and its next draft's KV read (draft_kv)."""
+        (CostModel.cycle_prices), for this request's context and its next draft's KV read (draft_kv) and
+        the page scores its rows capture."""
         context = (seq.context_len if context_len is None else context_len) + len(seq.pending)
         kv, scattered = self.draft_kv(context - 1)
-        return self.cost.cycle_prices(batch, kv, context, d_max, scattered)
+        # page scores captured at the refresh layer over the whole prefix, per query (kv_captured's unit)
+        per_query = context / self.num_layers
+        return self.cost.cycle_prices(batch, kv, context, d_max, scattered,
+                                      per_query if self.settings.refresh else 0.0, per_query)
 
     def cost_ratio(self, seq, batch: int, context_len: int | None = None) -> float:
         """The paper's c_i = T_draft / T_verify(d_i) of verifying now (what a verification records)."""
@@ -217,7 +221,7 @@ class AspirePolicy(Policy):
         self.count_scattered(trace.rows, self._assumed)
         if self.settings.calibration != "online":
             return
-        per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse) for rw in trace.rows]
+        per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse, rw.kv_captured) for rw in trace.rows]
         self.samples.append((trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall, per_row))
         every = self.settings.online_fit_every
         if len(self.samples) >= every and len(self.samples) % every == 0:

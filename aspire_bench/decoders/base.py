@@ -65,6 +65,7 @@ class RowTrace:
     accepted: int = 0  # VERIFY: draft tokens accepted (a_i); committed = accepted + 1
     kv_read: int = 0  # KV positions attended per layer (full: context length; sparse: view size)
     kv_sparse: int = 0  # the part of kv_read gathered scattered through a sparse view (ForwardOutput.kv_sparse)
+    kv_captured: int = 0  # KV positions whose scores the row captured (ForwardOutput.kv_captured)
 
 
 @dataclass

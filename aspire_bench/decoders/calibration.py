@@ -97,9 +97,9 @@ def last_level_cache_bytes(device: torch.device) -> int:
 
 
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: torch.Tensor
-               ) -> tuple[float, list[tuple[int, int]]]:
-    """(seconds, each row's KV read and the part of it scattered through a sparse view, as the engine reports
-    them). A step is timed as the decoding loop
+               ) -> tuple[float, list[tuple[int, int, int]]]:
+    """(seconds, each row's KV read, the part of it scattered through a sparse view and the positions
+    whose scores it captured, as the engine reports them). A step is timed as the decoding loop
     runs it: the forward pass, then the host work on its output, which is part of every step's cost
     (with a compiled forward, a tenth or more of a short draft step): every row's sampling
     distributions, a draw for each one-token row, for each verify row the rejection sampling of its
@@ -134,7 +134,7 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: 
             n_pages = -(-(row.start + 1) // engine.page_size)
             select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
                          page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
-    return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse))
+    return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse, out.kv_captured))
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, ratios=(0.07, 0.25, 1.0),
@@ -144,7 +144,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
 
     Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
     forward pass and its host work (see _time_step), each row's (tokens, KV read, of which scattered
-    through a sparse view)). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
+    through a sparse view, positions whose scores it captured)). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
     that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
     is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
     Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
@@ -219,7 +219,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
             for timed in (False, True):
                 for slot in slots:
                     slot.length = length
-                if timed and rnd and weight_bytes + sum(r for r, _ in reads[i]) * bytes_per_position < flush_bytes:
+                if timed and rnd and weight_bytes + sum(r[0] for r in reads[i]) * bytes_per_position < flush_bytes:
                     flush.sum().item()  # (not in the warm-up round: its times are not kept)
                 wall, reads[i] = _time_step(engine, rows, gen, stand_in)
                 for slot in slots:
@@ -230,7 +230,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
                 progress((rnd - first) * len(steps) + done + 1, (repeats + 1 - first) * len(steps))
     timed = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
-        per_row = [(row.n, read, sparse) for row, (read, sparse) in zip(rows, row_reads)]
+        per_row = [(row.n, *counts) for row, counts in zip(rows, row_reads)]
         timed.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
                       statistics.median(times), per_row))
     for slot in slots:

@@ -223,25 +223,23 @@ def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: Sampl
                 if p.kind == DECODE}
     t1 = clock()
     trace = StepTrace(0, t0, t1)
-    for i, (p, lg, read, sparse) in enumerate(zip(plans, out.logits, out.kv_read, out.kv_sparse, strict=True)):
-        seq = p.seq
+    for i, (p, lg) in enumerate(zip(plans, out.logits, strict=True)):
+        seq, reads = p.seq, {"kv_read": out.kv_read[i], "kv_sparse": out.kv_sparse[i], "kv_captured": out.kv_captured[i]}
         if p.kind == DECODE:
             tok = toks[i] if picks is None else picks[i][0]
-            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, params.eos_token_ids), kv_read=read,
-                          kv_sparse=sparse)
+            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, params.eos_token_ids), **reads)
         elif p.kind == DRAFT:
             if picks is None:
                 take_draft(seq, lg[-1], params, probs.get(i))
             else:
                 seq.pending.append(picks[i][0])
                 seq.qs.append(picks[i][2])
-            rt = RowTrace(seq.req.id, DRAFT, 1, 0, kv_read=read, kv_sparse=sparse)
+            rt = RowTrace(seq.req.id, DRAFT, 1, 0, **reads)
         else:
             d, a, n = (finish_verify(engine, seq, lg, params, t1, probs.get(i)) if picks is None else
                        finish_verify(engine, seq, lg, params, t1, picked=(picks[i][1], picks[i][0])))
             policy.observe(seq, d, a)
-            rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, kv_read=read,
-                          kv_sparse=sparse)
+            rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, **reads)
         trace.rows.append(rt)
         if p.capture is not None:
             policy.scores(seq, out.captures.get(i, {}))
@@ -383,7 +381,8 @@ def _admit(engine: Engine, policy: Policy, slot_size: int, i: int, req: Request,
         t1 = clock()
         committed = commit(seq, [tok], t1, params.eos_token_ids) if last else 0
         steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,
-                                                           kv_read=out.kv_read[0])]))
+                                                           kv_read=out.kv_read[0],
+                                                           kv_captured=out.kv_captured[0])]))
     if not restored and len(ids) > 1:
         engine.save_prefix(slot, ids[:-1])
     if capture:

@@ -9,7 +9,7 @@ import numpy as np
 # A fit explaining less of the step-time variance than this, or with a negative coefficient, is
 # not a cost model: the scheduler would chase noise. Such fits are rejected (see `fit_problem`).
 MIN_R2 = 0.9
-# A term beyond the paper's three (beta_qk, beta_sparse) is kept only when its t-statistic reaches
+# A term beyond the paper's three (beta_qk, beta_sparse, beta_multi, beta_capture) is kept only when its t-statistic reaches
 # this: on a GPU (verification cost flat in the number of queries, gathers as cheap as a contiguous
 # read) both fit ~0 and the model reduces to the paper's three terms.
 EXTRA_MIN_T = 3.0
@@ -29,9 +29,15 @@ def multi_term(rows, free: int) -> float:
 
 
 def sparse_term(rows) -> float:
-    """Sum over rows (tokens, KV positions read, of which scattered) of the KV read scattered through views
-    (0 for rows given as (tokens, KV read))."""
+    """Sum over rows (tokens, KV positions read, of which scattered[, captured]) of the KV read scattered
+    through views (0 for rows given as (tokens, KV read))."""
     return float(sum(r[2] for r in rows if len(r) > 2))
+
+
+def capture_term(rows) -> float:
+    """Sum over rows (tokens, KV positions read, of which scattered, captured) of the KV positions whose
+    scores they captured (0 for rows without the fourth element)."""
+    return float(sum(r[3] for r in rows if len(r) > 3))
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -97,7 +103,8 @@ class CostModel:
     """Step time = beta0 + beta_tok * tokens + beta_attn * KV positions read (per layer)
     + beta_qk * sum over rows of (row tokens beyond the first qk_free x row KV positions read)
     + beta_sparse * KV positions read scattered through sparse views
-    + beta_multi * KV positions read by rows of more than qk_free tokens.
+    + beta_multi * KV positions read by rows of more than qk_free tokens
+    + beta_capture * KV positions whose attention scores rows captured.
 
     The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
     arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
@@ -116,6 +123,12 @@ class CostModel:
     first token past qk_free costs more than each later one: beta_multi per KV position is that
     step, beta_qk the slope after it. It prices steps (rows_time: the simulator, the calibration's
     own fit) and each draft length for ASPIRE's scheduler (cycle_prices).
+
+    The capture term is zero in the paper's model too. A row that captures attention scores (ASPIRE's
+    draft and verify rows at the refresh layer, which pick the next draft's pages) writes each captured
+    score out and reduces it per page: work that follows the whole prefix at that layer, whatever the
+    row's view, and that no other term follows (a draft's read of the refresh layer costs what a
+    decode row's read does; its capture comes on top).
     """
 
     beta0: float
@@ -127,49 +140,58 @@ class CostModel:
     qk_free: int = 0
     beta_sparse: float = 0.0
     beta_multi: float = 0.0
+    beta_capture: float = 0.0
 
     def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0,
-                  multi: float = 0.0) -> float:
+                  multi: float = 0.0, captured: float = 0.0) -> float:
         """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free); `sparse`: their
-        KV read scattered through views, sparse_term(rows); `multi`: multi_term(rows, self.qk_free)."""
+        KV read scattered through views, sparse_term(rows); `multi`: multi_term(rows, self.qk_free);
+        `captured`: the positions whose scores they captured, capture_term(rows)."""
         return (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
-                + self.beta_sparse * sparse + self.beta_multi * multi)
+                + self.beta_sparse * sparse + self.beta_multi * multi + self.beta_capture * captured)
 
     def rows_time(self, rows) -> float:
-        """The time of a step of these rows, each (tokens, KV positions read[, of which sparse])."""
+        """The time of a step of these rows, each (tokens, KV positions read[, of which sparse[, captured]])."""
         rows = list(rows)
         return self.step_time(sum(r[0] for r in rows), sum(r[1] for r in rows), qk_term(rows, self.qk_free),
-                              sparse_term(rows), multi_term(rows, self.qk_free) if self.beta_multi else 0.0)
+                              sparse_term(rows), multi_term(rows, self.qk_free) if self.beta_multi else 0.0,
+                              capture_term(rows))
 
-    def _uniform_time(self, batch: int, n: int, kv: float, sparse: float = 0.0) -> float:
+    def _uniform_time(self, batch: int, n: int, kv: float, sparse: float = 0.0, captured: float = 0.0) -> float:
         """rows_time of `batch` rows of n tokens reading kv positions each (`sparse` of them through a
-        view), in closed form (per row and step in the scheduler)."""
-        return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv, batch * sparse)
+        view, the scores of `captured` captured), in closed form (per row and step in the scheduler)."""
+        return self.step_time(batch * n, batch * kv, batch * max(0, n - self.qk_free) * kv, batch * sparse,
+                              captured=batch * captured)
 
     def cycle_prices(self, batch: int, draft_kv: float, context: float, d_max: int,
-                     draft_sparse: float = 0.0) -> tuple[float, list[float]]:
+                     draft_sparse: float = 0.0, draft_captured: float = 0.0,
+                     verify_captured: float = 0.0) -> tuple[float, list[float]]:
         """(T_draft, [T_verify(gamma) for gamma = 0..d_max]): a step of `batch` rows drafting, each
-        reading draft_kv positions (draft_sparse of them scattered), and one of `batch` rows verifying
-        gamma drafts after `context` positions, every term of the model included (the multi-query
-        step too), in closed form: the scheduler prices every gamma for every row of every step."""
-        t_draft = self._uniform_time(batch, 1, draft_kv, draft_sparse)
+        reading draft_kv positions (draft_sparse of them scattered, capturing the scores of
+        draft_captured), and one of `batch` rows verifying gamma drafts after `context` positions, each
+        capturing verify_captured scores per captured query (one query at gamma = 0, its first and
+        last after), every term of the model included (the multi-query step too), in closed form: the
+        scheduler prices every gamma for every row of every step."""
+        t_draft = self._uniform_time(batch, 1, draft_kv, draft_sparse, draft_captured)
         base = self.beta0 + self.beta_attn * batch * context
         per_token, per_query = self.beta_tok * batch, self.beta_qk * batch * context
         step, free = self.beta_multi * batch * context, self.qk_free
+        capture = self.beta_capture * batch * verify_captured
         t_verify = [base + per_token * (g + 1) + per_query * max(0, g + 1 - free) + (step if g + 1 > free else 0.0)
-                    for g in range(d_max + 1)]
+                    + capture * min(2, g + 1) for g in range(d_max + 1)]
         return t_draft, t_verify
 
     def to_dict(self) -> dict:
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
                 "beta_qk": self.beta_qk, "qk_free": self.qk_free, "beta_sparse": self.beta_sparse,
-                "beta_multi": self.beta_multi, "source": self.source, "r2": self.r2}
+                "beta_multi": self.beta_multi, "beta_capture": self.beta_capture, "source": self.source,
+                "r2": self.r2}
 
     @classmethod
     def from_dict(cls, d: dict, source: str) -> CostModel:
         return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
                    source, d.get("r2"), int(d.get("qk_free", 0)), float(d.get("beta_sparse", 0.0)),
-                   float(d.get("beta_multi", 0.0)))
+                   float(d.get("beta_multi", 0.0)), float(d.get("beta_capture", 0.0)))
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -192,7 +214,7 @@ def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float 
 def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
     """Least squares with every coefficient >= 0: the best-fitting of the fits over subsets of the
     columns (the others held at 0) whose coefficients all come out non-negative. Exact, and cheap for
-    the four terms here. A step cost has no negative part; an intercept fitted below zero (a fast
+    the few terms here. A step cost has no negative part; an intercept fitted below zero (a fast
     dense path leaves little fixed cost per step) is a misfit of the curvature, not a cost."""
     beta, t, r2 = _lstsq(X, y)
     if (beta >= 0).all():
@@ -218,13 +240,13 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto") -> CostModel:
     """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
-    row's (tokens, KV read[, of which scattered through views]); older samples without rows,
+    row's (tokens, KV read[, of which scattered through views[, captured]]); older samples without rows,
     (n_tokens, kv_read, qk, seconds) or (n_tokens, kv_read, seconds), fit qk_free = 0 and no sparse
     term. A term that would fit below zero is held at 0.
 
     terms="paper": the paper's three terms. terms="auto": also the query x KV term (for each
     candidate qk_free when the samples have rows), with or without the multi-query term at the same
-    qk_free (rows only, qk_free >= 1), and the sparse term, each kept only when significant
+    qk_free (rows only, qk_free >= 1), the sparse term and the capture term, each kept only when significant
     (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that explains
     the most (R^2), where a fit with the multi-query step must explain significantly more than the
     best without it (F >= EXTRA_MIN_T^2). `fit_problem` says whether the fit may be used.
@@ -235,17 +257,18 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
     y = np.array([s[3] for s in norm])
     base = np.array([[1.0, s[0], s[1]] for s in norm])
     with_rows = all(len(s) == 5 for s in norm)
-    # (qk_free, sparse column, multi-query term) of each candidate fit
+    # (qk_free, sparse column, capture column, multi-query term) of each candidate fit
     if terms == "auto":
-        sparse = np.array([sparse_term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
-        sparse_options = [None] + ([sparse] if sparse.std() > 0 else [])
+        def optional(term):
+            col = np.array([term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
+            return [None] + ([col] if col.std() > 0 else [])
         frees = [None, *(QK_FREE if with_rows else (0,))]
-        extras = [(free, sp, multi) for free in frees for sp in sparse_options
-                  for multi in ((False, True) if with_rows and free else (False,))]
+        extras = [(free, sp, cap, multi) for free in frees for sp in optional(sparse_term)
+                  for cap in optional(capture_term) for multi in ((False, True) if with_rows and free else (False,))]
     else:
-        extras = [(None, None, False)]
+        extras = [(None, None, None, False)]
     best: dict[bool, CostModel | None] = {False: None, True: None}  # the best fit without / with the step
-    for free, sp, multi in extras:
+    for free, sp, cap, multi in extras:
         named = []  # (coefficient, column) beyond the three base terms
         if free is not None:
             q = np.array([qk_term(s[4], free) if with_rows else s[2] for s in norm])
@@ -259,6 +282,8 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
             named.append(("beta_multi", m))
         if sp is not None:
             named.append(("beta_sparse", sp))
+        if cap is not None:
+            named.append(("beta_capture", cap))
         beta, t, r2 = _nonnegative_lstsq(np.column_stack([base, *(col for _, col in named)]), y)
         if any(not (beta[j] > 0 and t[j] >= EXTRA_MIN_T) for j in range(3, beta.size)):
             continue
@@ -267,7 +292,8 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
         if best[multi] is None or (r2 or 0) > (best[multi].r2 or 0):
             best[multi] = model
     plain, stepped = best[False], best[True]
-    params = 3 + sum(c > 0 for c in (stepped.beta_qk, stepped.beta_multi, stepped.beta_sparse)) if stepped else 0
+    params = 3 + sum(c > 0 for c in (stepped.beta_qk, stepped.beta_multi, stepped.beta_sparse, stepped.beta_capture)
+                     ) if stepped else 0
     if stepped is None or (plain is not None and _improvement(plain, stepped, len(y), params) < EXTRA_MIN_T ** 2):
         return plain
     return stepped
@@ -284,7 +310,7 @@ def _improvement(simpler: CostModel, richer: CostModel, n: int, params: int) -> 
 
 def fit_problem(model: CostModel) -> str | None:
     """Why a fitted cost model must not be used, or None when it may."""
-    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse", "beta_multi")
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse", "beta_multi", "beta_capture")
                 if getattr(model, k) < 0]
     if negative:
         return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"

@@ -86,3 +86,7 @@ class ForwardOutput:
     # SCATTERED_HEAD positions of each (engine.scattered_positions; 0 for a row without a view): a
     # run's head costs more per position than the rest, which streams, and the cost model prices it apart
     kv_sparse: list[int] = field(default_factory=list)
+    # per row: the KV positions whose attention scores it captured, summed over its captured queries
+    # and layers and divided by the layer count (kv_read's unit): each captured score is written out and
+    # reduced per page or token, work that follows the whole prefix (scores are captured at full layers)
+    kv_captured: list[int] = field(default_factory=list)

@@ -146,9 +146,10 @@ class Engine:
         pos = torch.cat((pos, torch.arange(row.start, row.start + row.n, device=dev)))
         return pos + row.slot.base, pos, 0
 
-    def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int, int]:
-        """The row's attention metadata, its KV read (positions attended per layer, mean) and the
-        part of that read in scattered runs through a sparse view (per layer, mean)."""
+    def _row_meta(self, row: Row, q_start: int) -> tuple[RowMeta, int, int, int]:
+        """The row's attention metadata, its KV read (positions attended per layer, mean), the
+        part of that read in scattered runs through a sparse view (per layer, mean) and the positions
+        whose scores it captures (ForwardOutput.kv_captured)."""
         L = self.cfg.num_layers
         meta = RowMeta(q_start=q_start, n=row.n, base=row.slot.base, start=row.start)
         if isinstance(row.view, LayerTokenView) and row.view.positions.shape[0] != L:
@@ -181,14 +182,17 @@ class Engine:
             meta.capture_queries = tuple(q % row.n for q in row.capture.queries)  # -1 = last
             meta.capture_reduce = row.capture.reduce
         full = row.start + row.n
+        # scores are captured at full layers only (the backends refuse one through a view)
+        captured = (len(set(meta.capture_queries)) * full * sum(0 <= layer < L for layer in meta.capture_layers)
+                    if row.capture is not None else 0)
         if not meta.sparse:
-            return meta, full, 0
+            return meta, full, 0, round(captured / L)
         viewed = [int(idx.numel()) for idx in meta.sparse if idx is not None]  # per layer read through a view
-        return meta, round((sum(viewed) + full * (L - len(viewed))) / L), round(scattered / L)
+        return meta, round((sum(viewed) + full * (L - len(viewed))) / L), round(scattered / L), round(captured / L)
 
     def forward(self, rows: list[Row]) -> ForwardOutput:
         dev = self.device
-        tokens, positions, dest, metas, logit_rows, counts, reads, sparse = [], [], [], [], [], [], [], []
+        tokens, positions, dest, metas, logit_rows, counts, reads, sparse, captured = [], [], [], [], [], [], [], [], []
         q = 0
         for row in rows:
             slot, start, n = row.slot, row.start, row.n
@@ -199,10 +203,11 @@ class Engine:
             tokens.extend(row.tokens)
             positions.extend(range(start, start + n))
             dest.extend(range(slot.base + start, slot.base + start + n))
-            meta, read, through_view = self._row_meta(row, q)
+            meta, read, through_view, scored = self._row_meta(row, q)
             metas.append(meta)
             reads.append(read)
             sparse.append(through_view)
+            captured.append(scored)
             if row.logits == "all":
                 logit_rows.extend(range(q, q + n))
                 counts.append(n)
@@ -220,4 +225,5 @@ class Engine:
             torch.tensor(logit_rows, device=dev, dtype=torch.long), dense=self.dense_backend)
         for row in rows:
             row.slot.length = row.start + row.n
-        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads, kv_sparse=sparse)
+        return ForwardOutput(logits=list(logits.split(counts)), captures=captures, kv_read=reads, kv_sparse=sparse,
+                             kv_captured=captured)

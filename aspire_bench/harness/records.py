@@ -31,14 +31,22 @@ INFO_NOT_SETTINGS = frozenset({"decode_samples", "tuning", "verifications", "ste
 # What a stored run is: measured by running a decoder, predicted by `aspire-bench simulate`, or a
 # measurement about a model rather than a decoder (`aspire-bench diagnose`).
 RUN_KINDS = ("measured", "simulated", "diagnostic")
-# kv_sparse came later: rows stored before it have the first seven columns (read it with row_kv_sparse)
-ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read", "kv_sparse")
+# kv_sparse and kv_captured came later: rows stored before them have the first seven or eight columns
+# (read them with row_kv_sparse and row_kv_captured)
+ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read", "kv_sparse",
+               "kv_captured")
 
 
 def row_kv_sparse(row) -> int:
     """A stored row's KV read scattered through a sparse view (engine.scattered_positions); 0 for a
     row stored before the column existed."""
     return row[7] if len(row) > 7 else 0
+
+
+def row_kv_captured(row) -> int:
+    """A stored row's KV positions whose scores it captured (ForwardOutput.kv_captured); 0 for a row
+    stored before the column existed (such a run is priced without the capture's cost)."""
+    return row[8] if len(row) > 8 else 0
 
 
 def canonical_json(obj) -> str:
@@ -159,7 +167,8 @@ def from_output(
     ]
     steps = [
         StepRecord(s.index, s.t_start - t0, s.t_end - t0, s.n_tokens,
-                   [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read, w.kv_sparse)
+                   [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read, w.kv_sparse,
+                     w.kv_captured)
                     for w in s.rows])
         for s in output.steps
     ]

@@ -63,22 +63,25 @@ class SimPolicy:
     def admitted(self, seq: Sequence) -> None:
         seq.extra["_sel_len"] = seq.context_len - 1  # Vegas: its selection covers the prompt
 
-    # --- rows: (kind, tokens, KV positions read per layer, of which scattered through a view) or None
-    # (sits the step out)
+    # --- rows: (kind, tokens, KV positions read per layer, of which scattered through a view, positions
+    # whose scores it captured) or None (sits the step out)
     def plan(self, seqs: list[Sequence], batch: int) -> list[tuple | None]:
         if self.draft_kind is None:
-            return [(DECODE, 1, s.context_len, 0) for s in seqs]
+            return [(DECODE, 1, s.context_len, 0, 0) for s in seqs]
         if self.draft_kind == "aspire":
             self._assumed = []
             return [self._aspire_row(s, batch) for s in seqs]
         plans, self.policy.cycle = lockstep(seqs, self.config.gamma, self.policy.cycle, lambda s, p: None)
         kinds = {id(p.seq): p.kind for p in plans}
         return [None if id(s) not in kinds else self._verify(s) if kinds[id(s)] == VERIFY else
-                (DRAFT, 1, *self._sync_draft_kv(s)) for s in seqs]
+                (DRAFT, 1, *self._sync_draft_kv(s), 0) for s in seqs]
 
-    @staticmethod
-    def _verify(seq: Sequence) -> tuple:
-        return VERIFY, len(seq.pending) + 1, seq.context_len + len(seq.pending), 0
+    def _verify(self, seq: Sequence) -> tuple:
+        """A verify row, with the scores it captures as the engine counts them (per layer, mean): ASPIRE's
+        first and last query at its refresh layer, Vegas's at every layer, none for MagicDec."""
+        n, kv = len(seq.pending) + 1, seq.context_len + len(seq.pending)
+        per_layer = {"aspire": min(2, n) * kv / (self.num_layers or 1), "vegas": min(2, n) * kv}  # 1 layer, all
+        return VERIFY, n, kv, 0, round(per_layer.get(self.draft_kind, 0))
 
     def _sync_draft_kv(self, seq: Sequence) -> tuple[int, int]:
         """(KV read, of which scattered: see engine.scattered_positions) of a MagicDec or Vegas draft
@@ -107,7 +110,8 @@ class SimPolicy:
         kv, bound = pol.draft_kv(prefix, share=1.0)
         self._assumed.append(bound)
         counted = self._scattered.get(seq.req.id)
-        return DRAFT, 1, kv, counted.popleft() if counted else pol.draft_kv(prefix)[1]
+        captured = round((prefix + 1) / self.num_layers) if self.config.refresh else 0  # the refresh layer's scores
+        return DRAFT, 1, kv, counted.popleft() if counted else pol.draft_kv(prefix)[1], captured
 
     def step_done(self, trace) -> None:
         """ASPIRE: its policy counts the step's draft reads, as after an engine step (count_scattered)."""

@@ -23,7 +23,8 @@ class SimRequest:
     id: str
     prompt_len: int
     max_new: int  # output tokens, the first one from prefill
-    prefill: list[tuple[int, int]] = field(default_factory=list)  # (tokens, KV read) per chunk; [] = free
+    # (tokens, KV read, positions whose scores it captured) per chunk; [] = free
+    prefill: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None = None) -> GenerationOutput:
@@ -46,11 +47,11 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
         while waiting and len(active) < batch:
             i, req = waiting.popleft()
             seq = policy.new_sequence(i, req.id, req.prompt_len, req.max_new)
-            for j, (n, kv) in enumerate(req.prefill):
-                t0, t = t, t + cost.step_time([(PREFILL, n, kv, 0)])
+            for j, (n, kv, captured) in enumerate(req.prefill):
+                t0, t = t, t + cost.step_time([(PREFILL, n, kv, 0, captured)])
                 last = j == len(req.prefill) - 1
                 steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(seq, 1, t) if last
-                                                                    else 0, kv_read=kv)]))
+                                                                    else 0, kv_read=kv, kv_captured=captured)]))
             if not req.prefill:
                 commit(seq, 1, t)
             policy.admitted(seq)
@@ -61,11 +62,12 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
         rows = [(seq, r) for seq, r in zip(active, plan) if r is not None]
         t0, t = t, t + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
-        for seq, (kind, n, kv, sparse) in rows:
+        for seq, (kind, n, kv, sparse, captured) in rows:
+            reads = {"kv_read": kv, "kv_sparse": sparse, "kv_captured": captured}
             rid = seq.req.id
             if kind == DRAFT:
                 seq.pending.append(0)
-                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, kv_read=kv, kv_sparse=sparse))
+                trace.rows.append(RowTrace(rid, K_DRAFT, 1, 0, **reads))
             elif kind == VERIFY:
                 d = len(seq.pending)
                 a = acceptance.accept(rid, d, seq.context_len + d)
@@ -73,9 +75,9 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
                 c = commit(seq, a + 1, t)
                 seq.verifications.append((d, a))
                 policy.observe(seq, d, a)
-                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, kv_read=kv, kv_sparse=sparse))
+                trace.rows.append(RowTrace(rid, VERIFY, n, c, drafted=d, accepted=a, **reads))
             else:
-                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), kv_read=kv, kv_sparse=sparse))
+                trace.rows.append(RowTrace(rid, K_DECODE, 1, commit(seq, 1, t), **reads))
         steps.append(trace)
         policy.step_done(trace)
         for seq in [s for s in active if finished(s)]:

@@ -79,7 +79,7 @@ def requests_of(record: records.RunRecord) -> list[SimRequest]:
     for step in record.steps:
         for row in step.rows:
             if row[1] == "prefill":
-                prefill[row[0]].append((int(row[2]), int(row[6])))
+                prefill[row[0]].append((int(row[2]), int(row[6]), records.row_kv_captured(row)))
     return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, [])) for r in record.requests]
 
 

@@ -286,23 +286,30 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
         at = grid[length * 18:(length + 1) * 18]  # n_verify 0, 1, 2; draft lengths 1, 4; three views
         assert at[0:3] == at[3:6] and at[0] != at[1] != at[2]
         assert at[12] == at[13] == at[14] and at[15] == at[16] == at[17] and at[12] != at[15]
-    # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view)
+    # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view, scores
+    # captured)
     assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
                for s in res["samples"])
     rows = [r for s in res["samples"] for r in s[4]]
-    assert all(0 <= sparse < kv for _, kv, sparse in rows)
-    assert {sparse > 0 for n, _, sparse in rows if n == 1} == {True, False}  # 25% pages, and no view
-    assert all(sparse == 0 for n, _, sparse in rows if n > 1)  # verify rows read the prefix in full
+    assert all(0 <= sparse < kv for _, kv, sparse, _ in rows)
+    assert {sparse > 0 for n, _, sparse, _ in rows if n == 1} == {True, False}  # 25% pages, and no view
+    assert all(sparse == 0 for n, _, sparse, _ in rows if n > 1)  # verify rows read the prefix in full
+    # drafts through pages capture the refresh layer's scores, verify rows two queries' there, decode
+    # and window rows none
+    L = random_engine.cfg.num_layers
+    assert {(n > 1, sparse > 0, cap > 0) for n, _, sparse, cap in rows} >= {(True, False, True), (False, True, True)}
+    assert all(cap == round(2 * kv / L) for n, kv, _, cap in rows if n > 1)
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.
-    exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv + 4e-9 * sum(r[2] for r in rows), rows)
-             for n, kv, qk, _, rows in res["samples"]]
+    exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv + 4e-9 * sum(r[2] for r in rows)
+              + 2e-8 * sum(r[3] for r in rows), rows) for n, kv, qk, _, rows in res["samples"]]
     path = save_calibration({**res, "samples": exact}, random_engine, 2, tmp_path / "fit.json")
     dec = get_decoder("aspire", calibration=str(path), **SPARSE["aspire"])
     out = dec.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] == "calibration:fit.json"
     assert out.info["cost_model"]["beta_attn"] == pytest.approx(1e-8)
     assert out.info["cost_model"]["beta_sparse"] == pytest.approx(4e-9)
+    assert out.info["cost_model"]["beta_capture"] == pytest.approx(2e-8)
     online = get_decoder("aspire", calibration="online", online_fit_every=4, **SPARSE["aspire"])
     out = online.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] in ("online", "default")
@@ -322,9 +329,9 @@ def test_calibration_times_window_drafts(random_engine):
     rows = [r for s in res["samples"] for r in s[4]]
     window = [r for r in rows if r[0] == 1 and r[1] < 256]
     # at both lengths (256, 1024): 100 positions of the prefix and the row's own token; of them the 4
-    # sinks are scattered, and of the window (one run of 96) its head
+    # sinks are scattered, and of the window (one run of 96) its head; no scores captured
     from aspire_bench.engine import SCATTERED_HEAD
-    assert window and all((kv, sparse) == (101, 4 + SCATTERED_HEAD) for _, kv, sparse in window)
+    assert window and all((kv, sparse, cap) == (101, 4 + SCATTERED_HEAD, 0) for _, kv, sparse, cap in window)
     assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
 
 

@@ -190,6 +190,56 @@ def test_sparse_term_fitted_when_present_and_dropped_when_absent(seed):
     assert m.rows_time(rows) - m.rows_time([r[:2] for r in rows]) == pytest.approx(3000 * m.beta_sparse)
 
 
+def _capture_samples(beta_capture: float, seed: int, n_steps: int = 90, layers: int = 16):
+    """Steps of 8 rows as a calibration grid times them: decode rows (no capture), ASPIRE drafts through
+    pages at 7% or 25% with the refresh layer read in full and its scores captured, verify rows capturing
+    two queries' scores there; timed with `beta_capture` per captured position and 1% noise."""
+    gen = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n_steps):
+        rows, ctx = [], int(gen.choice([4096, 16384]))
+        for _ in range(8):
+            kind = gen.choice(["decode", "draft", "verify"])
+            if kind == "decode":
+                rows.append((1, ctx, 0, 0))
+            elif kind == "draft":
+                ratio = float(gen.choice([0.07, 0.25]))
+                kv = round(((layers - 1) * ratio * ctx + ctx) / layers)
+                rows.append((1, kv, round((layers - 1) * ratio * ctx / layers), round(ctx / layers)))
+            else:
+                n = int(gen.choice([2, 4, 5]))
+                rows.append((n, ctx + n, 0, round(2 * (ctx + n) / layers)))
+        n, kv = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        t = (0.001 + 5e-5 * n + 2e-8 * kv + 1e-8 * sum(r[2] for r in rows)
+             + beta_capture * sum(r[3] for r in rows))
+        samples.append((n, kv, qk_term(rows), t * (1 + 0.01 * gen.standard_normal()), rows))
+    return samples
+
+
+def test_capture_term_fitted_when_present_and_dropped_when_absent(seed):
+    m = fit_cost_model(_capture_samples(5e-8, seed))
+    assert m.beta_capture == pytest.approx(5e-8, rel=0.25), f"seed {seed}"
+    assert m.beta_attn == pytest.approx(2e-8, rel=0.15) and fit_problem(m) is None
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay").beta_capture == m.beta_capture
+    assert fit_cost_model(_capture_samples(0.0, seed)).beta_capture == 0.0  # not significant: left out
+    assert fit_cost_model([(*s[:4], [r[:3] for r in s[4]]) for s in _capture_samples(5e-8, seed)]
+                          ).beta_capture == 0.0  # rows stored before the count
+    assert fit_cost_model(_capture_samples(5e-8, seed), terms="paper").beta_capture == 0.0
+    rows = [(1, 2000, 1000, 1024), (4, 16004, 0, 2001)]
+    assert m.rows_time(rows) - m.rows_time([r[:3] for r in rows]) == pytest.approx(3025 * m.beta_capture)
+
+
+def test_cycle_prices_price_the_captured_scores_as_rows_time_does():
+    """A draft row capturing the refresh layer's scores over the prefix; a verify row of gamma drafts its
+    first and last query's (one query at gamma = 0)."""
+    m = CostModel(0.002, 1e-4, 3e-8, 1e-9, qk_free=2, beta_sparse=1e-8, beta_multi=2e-9, beta_capture=4e-8)
+    t_draft, t_verify = m.cycle_prices(8, 1000, 16000, 4, draft_sparse=300, draft_captured=1000,
+                                       verify_captured=1000)
+    assert t_draft == pytest.approx(m.rows_time([(1, 1000, 300, 1000)] * 8))
+    for g in range(5):
+        assert t_verify[g] == pytest.approx(m.rows_time([(g + 1, 16000, 0, 1000 * min(2, g + 1))] * 8))
+
+
 def test_samples_without_rows_fit_a_plain_query_x_kv_term():
     old = [s[:4] for s in _hinge_samples(0, 1)]  # calibrations stored before rows were kept
     m = fit_cost_model(old)
@@ -209,6 +259,7 @@ def test_fit_quality_check():
     assert "negative" in fit_problem(CostModel(-1e-3, 1e-4, 3e-8, r2=0.99))
     assert "R^2" in fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=MIN_R2 - 0.01))
     assert "beta_sparse" in fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.99, beta_sparse=-1e-9))
+    assert "beta_capture" in fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.99, beta_capture=-1e-9))
     assert fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.97)) is None
 
 

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from aspire_bench.engine import Engine, PageView, Row, TokenView, load_model
+from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView, load_model
 from aspire_bench.errors import CheckpointError, ConfigError
 
 FAMILIES = ("qwen3", "qwen2", "llama")
@@ -103,6 +103,28 @@ def test_forward_reports_each_rows_kv_read_and_its_scattered_part(checkpoints):
     # pages' runs are 16, 48, 16 and 8 positions
     assert SCATTERED_HEAD <= 48
     assert out.kv_sparse == [4 + SCATTERED_HEAD, 16 + SCATTERED_HEAD + 16 + 8]
+    assert out.kv_captured == [0, 0]  # neither captures scores
+
+
+def test_forward_reports_the_positions_whose_scores_each_row_captured(checkpoints):
+    """kv_captured: per captured query (distinct, -1 = the last), the positions read at each captured
+    layer (a full layer: the whole prefix and the row's tokens), summed and divided by the layer count."""
+    path, _ = checkpoints["qwen3"]
+    eng = Engine(load_model(path), attention_backend="torch")
+    L = eng.cfg.num_layers
+    eng.reserve(512)
+    s = eng.alloc(300)
+    eng.forward([Row(s, list(range(1, 201)), 0, logits="none")])
+    pages = PageView(torch.tensor([1, 3, 4, 12]))  # 16 * 3 + 8 positions
+    r = L - 2
+    out = eng.forward([
+        Row(s, [5, 6, 7], 200, logits="none", capture=Capture((r,), (0, -1), PAGE_MAX_SUM)),  # a verify row
+        Row(s, [5], 200, logits="none", capture=Capture((r,), (0, -1), PAGE_MAX_SUM)),  # one query twice
+        Row(s, [5], 200, view=pages, full_layers=frozenset({r}), logits="none",  # ASPIRE's draft
+            capture=Capture((r,), (0,), PAGE_MAX_SUM)),
+        Row(s, [5, 6], 200, logits="none", capture=Capture(tuple(range(L)), (0, -1), PAGE_MAX_SUM)),  # Vegas's
+    ])
+    assert out.kv_captured == [round(2 * 203 / L), round(201 / L), round(201 / L), 2 * 202]
 
 
 def test_sparse_page_view_equals_masked_dense_attention():

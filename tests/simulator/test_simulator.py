@@ -28,7 +28,7 @@ from aspire_bench.simulator.replay import SimRequest, simulate
 from aspire_bench.simulator.source import simulate_stored
 
 COST = CostModel(beta0=2e-3, beta_tok=1e-4, beta_attn=1e-6, beta_qk=1e-8, source="calibration:test",
-                 beta_sparse=5e-7)
+                 beta_sparse=5e-7, beta_capture=3e-7)
 
 
 def test_token_stream_gives_back_the_recorded_outcomes_at_the_recorded_lengths():
@@ -104,7 +104,7 @@ def retimed(record: RunRecord, cost: CalibratedCost, scattered=None) -> RunRecor
     t, steps, times = 0.0, [], {r.id: [] for r in record.requests}
     for i, s in enumerate(record.steps):
         sparse = [row[7] for row in s.rows] if scattered is None else scattered[i]
-        t0, t = t, t + cost.step_time([(row[1], row[2], row[6], sp) for row, sp in zip(s.rows, sparse)])
+        t0, t = t, t + cost.step_time([(row[1], row[2], row[6], sp, row[8]) for row, sp in zip(s.rows, sparse)])
         steps.append(StepRecord(s.index, t0, t, s.n_tokens, s.rows))
         for row in s.rows:
             times[row[0]].extend([t] * row[3])
@@ -140,6 +140,9 @@ def test_replay_of_a_real_trace_on_a_fake_clock_is_exact(random_tiny, decoder, a
     assert [[r[:3] for r in s.rows] for s in expected.steps] == \
            [[(w.request, w.kind, w.n_tokens) for w in s.rows] for s in out.steps]
     assert [[r[6] for r in s.rows] for s in expected.steps] == [[w.kv_read for w in s.rows] for s in out.steps]
+    # the scores each row captured (ASPIRE's refresh layer, Vegas's every layer), as the engine counted them
+    assert [[r[8] for r in s.rows] for s in expected.steps] == [[w.kv_captured for w in s.rows] for s in out.steps]
+    assert (decoder in ("ar", "magicdec")) == (not any(r[8] for s in expected.steps for r in s.rows))
     # the scattered part: ASPIRE's drafts replay the engine's counts; without the scores, Vegas's is
     # an upper bound (selected positions may come together in long runs), exact for MagicDec's window
     measured = [r[7] for s in expected.steps for r in s.rows]
