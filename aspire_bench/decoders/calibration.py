@@ -44,6 +44,8 @@ from .speculative import accept_sampling
 CALIBRATION_CONTEXT = 4096
 # The grid's window rows: MagicDec's default sink + window view (sinks, positions in all).
 WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
+# The grid's draft view of pages whose rows capture no scores (see calibrate).
+UNCAPTURED = "uncaptured"
 # The grid's verify rows: these numbers of drafts (+ 1 tokens). Every count up to 4 because that is
 # where decoders verify most and where a CPU kernel changes method (a step in the cost, not a slope).
 DRAFTS = (1, 2, 3, 4, 8, 16)
@@ -148,7 +150,9 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
     is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
     Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
-    work grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok.
+    work grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok. Page drafts
+    and verify rows are timed capturing the refresh layer's scores and not, so that the fit can tell
+    what the capture costs (beta_capture).
     """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work
@@ -171,6 +175,10 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     draft_views = [*ratios, *(["window"] if window else [])]  # page ratios, then the sink + window view
     grid = [(length, n_verify, d, kind) for length in lengths
             for n_verify in sorted({0, batch_size // 2, batch_size}) for d in drafts for kind in draft_views]
+    # and drafts through the same pages and refresh layer that capture no scores, in steps of drafts only:
+    # beside the capturing ones they give the capture's cost apart from the pages' (it follows the whole
+    # prefix, theirs the page budget; in decoding every ASPIRE draft captures)
+    grid += [(length, 0, d, (UNCAPTURED, x)) for length in lengths for d in drafts for x in ratios if x < 1]
     # A step of drafts only is the same step at every draft length, one of verifications only the same
     # under every draft view: each distinct step is timed once and its sample counted once per grid point
     # it stands for, so the fit weighs the kinds of step as the whole grid does (at half the timing).
@@ -179,14 +187,21 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     points = list(dict.fromkeys(point_of))
     steps = []  # (length, rows) per distinct step
     for length, n_verify, d, kind in points:
+        # Verify rows capture the refresh layer's scores (ASPIRE's) at every other draft length, the other
+        # way round at the other length, and none (MagicDec's) at the rest: both kinds occur in decoding,
+        # and with every verify row capturing the capture's cost would move in step with the KV they read.
+        verify_capture = (Capture((r,), (0, -1), PAGE_MAX_SUM)
+                          if (lengths.index(length) + drafts.index(d)) % 2 == 0 else None)
+        uncaptured = isinstance(kind, tuple)
+        ratio = kind[1] if uncaptured else kind
         n_pages = -(-length // engine.page_size)
-        budget = n_pages if kind == "window" else page_budget(n_pages, kind, 1)
+        budget = n_pages if kind == "window" else page_budget(n_pages, ratio, 1)
         win = streaming_positions(length, *window) if kind == "window" else None
         rows = []
         for j, slot in enumerate(slots):
             if j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
-                                capture=Capture((r,), (0, -1), PAGE_MAX_SUM)))
+                                capture=verify_capture))
             elif win is not None:  # a window draft (MagicDec's): no refresh layer, no page scores
                 rows.append(Row(slot, [rng.randrange(100)], length, view=TokenView(win)))
             elif budget < n_pages:
@@ -194,7 +209,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
                 view = PageView(random_pages(n_pages, budget, RECENT_PAGES, gen))
                 rows.append(Row(slot, [rng.randrange(100)], length, view=view,
                                 full_layers=frozenset({r}),
-                                capture=Capture((r,), (0,), PAGE_MAX_SUM)))
+                                capture=None if uncaptured else Capture((r,), (0,), PAGE_MAX_SUM)))
             else:  # a row reading its whole prefix is timed as a decode row: no refresh layer, no scores
                 rows.append(Row(slot, [rng.randrange(100)], length))
         steps.append((length, rows))

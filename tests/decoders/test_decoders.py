@@ -277,8 +277,9 @@ def test_unknown_decoder_and_setting_messages():
 def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
-    # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window)
-    assert res["n_samples"] == 2 * 3 * 2 * 3 and len(res["samples"]) == res["n_samples"]
+    # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window), then
+    # 2 lengths x 2 draft lengths of drafts only through 25% pages that capture no scores
+    assert res["n_samples"] == 2 * 3 * 2 * 3 + 2 * 2 and len(res["samples"]) == res["n_samples"]
     # a step of drafts only is the same at both draft lengths, one of verifications only under every view:
     # timed once, its sample in each grid point it stands for
     grid = res["samples"]
@@ -294,11 +295,16 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     assert all(0 <= sparse < kv for _, kv, sparse, _ in rows)
     assert {sparse > 0 for n, _, sparse, _ in rows if n == 1} == {True, False}  # 25% pages, and no view
     assert all(sparse == 0 for n, _, sparse, _ in rows if n > 1)  # verify rows read the prefix in full
-    # drafts through pages capture the refresh layer's scores, verify rows two queries' there, decode
-    # and window rows none
+    # drafts through pages capture the refresh layer's scores or not (the same pages: the grid's last
+    # points), verify rows two queries' there or none, decode and window rows none
     L = random_engine.cfg.num_layers
-    assert {(n > 1, sparse > 0, cap > 0) for n, _, sparse, cap in rows} >= {(True, False, True), (False, True, True)}
-    assert all(cap == round(2 * kv / L) for n, kv, _, cap in rows if n > 1)
+    assert {(n > 1, sparse > 0, cap > 0) for n, _, sparse, cap in rows} == {
+        (True, False, True), (True, False, False), (False, True, True), (False, True, False), (False, False, False)}
+    assert all(cap in (0, round(2 * kv / L)) for n, kv, _, cap in rows if n > 1)
+    for length in range(2):  # the same draft step with and without the capture: only the count differs
+        uncaptured, captured = grid[36 + 2 * length][4], grid[length * 18][4]
+        assert [r[:3] for r in uncaptured] == [r[:3] for r in captured]
+        assert all(r[3] == 0 for r in uncaptured) and all(r[3] > 0 for r in captured)
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.
     exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv + 4e-9 * sum(r[2] for r in rows)
@@ -377,9 +383,9 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
     calibration.calibrate(random_engine, batch_size=2, context=256, drafts=(1, 3), ratios=(0.25,), repeats=1,
                           warmup=False, window=None)
     steps = [i for i, e in enumerate(events) if e[0] == "step"] + [len(events)]
-    # every distinct step (2 lengths x: drafts only; 1 or 2 verify rows at each draft length), an untimed
-    # run, then the timed one
-    assert len(steps) - 1 == 2 * 2 * (1 + 2 + 2)
+    # every distinct step (2 lengths x: drafts only, capturing scores and not; 1 or 2 verify rows at each
+    # draft length), an untimed run, then the timed one
+    assert len(steps) - 1 == 2 * 2 * (2 + 2 + 2)
     for j in range(len(steps) - 1):
         flushes = [e for e in events[steps[j] + 1:steps[j + 1]] if e == ("flush",)]
         # the flush comes last before each timed step, and only there
