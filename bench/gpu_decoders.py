@@ -105,7 +105,7 @@ def part_simulator(out: Path, gpu: str | None, shape: str, shape_dtype: str, sha
         with Store(db, readonly=True) as store:
             ids = [s["run_id"] for s in store.list_runs(kind="measured") if s["status"] == "ok"]
             roof = Roofline(hw, ModelShape.load(TINY_SHAPE, "float32"))
-            rows, _ = stored_rows(store, ids, roofline=roof)
+            rows, _ = stored_rows(store, ids, cost=roof)
             for r in rows:
                 r["step_costs"] = "roofline"
             try:

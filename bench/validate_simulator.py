@@ -3,6 +3,7 @@
     python bench/validate_simulator.py --store bench/results/cpu_tiny_method_2026-11-30.db
     python bench/validate_simulator.py --store S --calibration C.json --json out.json
     python bench/validate_simulator.py --store S --steps
+    python bench/validate_simulator.py --store S --without beta_capture
 
 Per run (decoder, context, batch, sampling): measured and simulated decode tok/s and their error,
 and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
@@ -14,6 +15,9 @@ else the one the group's ASPIRE run used.
 `--steps` adds where the cost model misses: per run and kind of step (the kinds of its rows: decode,
 draft, verify, draft+verify, prefill), the stored steps' measured mean time beside the cost model's
 time for the same rows (the steps of the run's stored trace, one repeat).
+`--without TERM[,TERM]` prices every run with its stored calibrations refitted from their samples
+without those terms of the cost model (what a term buys, on the same store; a store whose runs
+kept no calibration samples cannot be refitted).
 Nothing is written to the store.
 """
 from __future__ import annotations
@@ -21,10 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aspire_bench.decoders.scheduler import EXTRA_TERMS, fit_cost_model
+from aspire_bench.errors import UserError
 from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_sparse
 from aspire_bench.harness.store import Store
 from aspire_bench.simulator.rows import stored_cost, stored_rows
@@ -32,11 +39,31 @@ from aspire_bench.simulator.rows import stored_cost, stored_rows
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
 
 
-def validate(store_path: str, decoders, calibration: str | None = None) -> list[dict]:
+def refitted(store, without):
+    """A function of a run giving its stored calibration refitted from its samples without the terms
+    `without` (None when nothing is left out)."""
+    if not without:
+        return None
+
+    def cost(record):
+        info = dict(record.info)
+        for key in ("adjacent_calibration", "interleaved_calibration"):
+            cal = info.get(key)
+            if cal:
+                if not cal.get("samples"):
+                    raise UserError(f"run {record.run_id} kept no calibration samples: --without needs a store "
+                                    "made by `aspire-bench bench` since the samples are kept")
+                info[key] = {**cal, **fit_cost_model(cal["samples"], without=without).to_dict(),
+                             "source": cal.get("source", key)}
+        return stored_cost(store, replace(record, info=info), None)
+    return cost
+
+
+def validate(store_path: str, decoders, calibration: str | None = None, without=()) -> list[dict]:
     with Store(store_path, readonly=True) as store:
         ids = [s["run_id"] for s in store.list_runs(kind="measured")
                if s["status"] == "ok" and s["decoder"] in decoders]
-        rows, _ = stored_rows(store, ids, calibration)
+        rows, _ = stored_rows(store, ids, calibration, refitted(store, without))
     for r in rows:
         m, s = r["measured_decode_tok_s"], r["simulated_decode_tok_s"]
         r["error"] = s / m - 1 if m and s else None
@@ -49,7 +76,7 @@ def validate(store_path: str, decoders, calibration: str | None = None) -> list[
     return rows
 
 
-def step_kinds(store_path: str, decoders, calibration: str | None = None) -> list[dict]:
+def step_kinds(store_path: str, decoders, calibration: str | None = None, without=()) -> list[dict]:
     """Per run and kind of step: steps, measured and modelled mean ms, error of the model."""
     kind, n, kv = (ROW_COLUMNS.index(c) for c in ("kind", "n_tokens", "kv_read"))
     out = []
@@ -58,7 +85,7 @@ def step_kinds(store_path: str, decoders, calibration: str | None = None) -> lis
             if s["status"] != "ok" or s["decoder"] not in decoders:
                 continue
             record = store.get_run(s["run_id"])
-            cost = stored_cost(store, record, calibration)
+            cost = stored_cost(store, record, calibration, refitted(store, without))
             by_kind: dict[str, list[float]] = {}
             for step in record.steps:
                 kinds = {r[kind] for r in step.rows}
@@ -106,15 +133,25 @@ def main(argv=None) -> int:
     ap.add_argument("--decoders", default="ar,magicdec,aspire", help="comma-separated (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--steps", action="store_true", help="also the model's error per kind of step")
+    ap.add_argument("--without", default="", help=f"comma-separated terms to refit without ({', '.join(EXTRA_TERMS)})")
     a = ap.parse_args(argv)
     decoders = [d for d in a.decoders.split(",") if d]
-    rows = validate(a.store, decoders, a.calibration)
+    without = tuple(t for t in a.without.split(",") if t)
+    if set(without) - set(EXTRA_TERMS):
+        ap.error(f"--without takes {', '.join(EXTRA_TERMS)}, not {a.without!r}")
+    if without and a.calibration:
+        ap.error("--without refits each run's stored calibrations: leave out --calibration")
+    try:
+        rows = validate(a.store, decoders, a.calibration, without)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(table(rows))
     n_ok = sum(r["ok"] for r in rows)
     print(f"\n{n_ok}/{len(rows)} runs within ±{TOK_S_TOL:.0%} decode tok/s (and ASPIRE's ratio over AR "
           f"within ±{RATIO_TOL:.0%})")
     if a.steps:
-        print("\n" + step_table(step_kinds(a.store, decoders, a.calibration)))
+        print("\n" + step_table(step_kinds(a.store, decoders, a.calibration, without)))
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

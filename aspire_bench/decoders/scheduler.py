@@ -238,7 +238,10 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
 
 
-def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto") -> CostModel:
+EXTRA_TERMS = ("beta_qk", "beta_multi", "beta_sparse", "beta_capture")
+
+
+def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto", without=()) -> CostModel:
     """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
     row's (tokens, KV read[, of which scattered through views[, captured]]); older samples without rows,
     (n_tokens, kv_read, qk, seconds) or (n_tokens, kv_read, seconds), fit qk_free = 0 and no sparse
@@ -249,22 +252,27 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
     qk_free (rows only, qk_free >= 1), the sparse term and the capture term, each kept only when significant
     (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that explains
     the most (R^2), where a fit with the multi-query step must explain significantly more than the
-    best without it (F >= EXTRA_MIN_T^2). `fit_problem` says whether the fit may be used.
+    best without it (F >= EXTRA_MIN_T^2). `without`: extra terms (EXTRA_TERMS) left out of every
+    candidate fit (what a term buys, on the same samples). `fit_problem` says whether the fit may be used.
     """
     if terms not in ("auto", "paper"):
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
+    if set(without) - set(EXTRA_TERMS):
+        raise ValueError(f"terms that can be left out are {', '.join(EXTRA_TERMS)}, not {sorted(set(without))}")
     norm = [tuple(s) if len(s) >= 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
     y = np.array([s[3] for s in norm])
     base = np.array([[1.0, s[0], s[1]] for s in norm])
     with_rows = all(len(s) == 5 for s in norm)
     # (qk_free, sparse column, capture column, multi-query term) of each candidate fit
     if terms == "auto":
-        def optional(term):
+        def optional(term, name):
             col = np.array([term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
-            return [None] + ([col] if col.std() > 0 else [])
-        frees = [None, *(QK_FREE if with_rows else (0,))]
-        extras = [(free, sp, cap, multi) for free in frees for sp in optional(sparse_term)
-                  for cap in optional(capture_term) for multi in ((False, True) if with_rows and free else (False,))]
+            return [None] + ([col] if col.std() > 0 and name not in without else [])
+        frees = [None] if "beta_qk" in without else [None, *(QK_FREE if with_rows else (0,))]
+        multis = (False,) if "beta_multi" in without else (False, True)
+        extras = [(free, sp, cap, multi) for free in frees for sp in optional(sparse_term, "beta_sparse")
+                  for cap in optional(capture_term, "beta_capture")
+                  for multi in (multis if with_rows and free else (False,))]
     else:
         extras = [(None, None, None, False)]
     best: dict[bool, CostModel | None] = {False: None, True: None}  # the best fit without / with the step

@@ -132,7 +132,8 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           calibration_rounds: bool = True) -> tuple[list[BenchRow], float]:
     """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
     bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
-    round after every run and store the fits (info["adjacent_calibration"], info["interleaved_calibration"])."""
+    round after every run and store the fits with their samples (info["adjacent_calibration"],
+    info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
     check_tolerance(parity_tolerance)
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
@@ -203,15 +204,14 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
             outputs[e].append(measure_repeat(prepared[e], i, show_progress))
             if calibration_rounds:
                 rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
-    pooled = _fit_of(pooled_calibration(list(rounds.values()), source="interleaved calibration")) if rounds else None
+    pooled = pooled_calibration(list(rounds.values()), source="interleaved calibration") if rounds else None
     # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
     records_of, ar = {}, None
     for e in sorted(entries, key=lambda e: e[0] != "ar"):
         prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
         if rounds:
             after = rounds[e, traced_repeat(outputs[e])]  # calibrate() fitted its own samples already
-            prepared[e].info["adjacent_calibration"] = {**_fit_of(after), "source": "adjacent calibration",
-                                                        "rounds": 1}
+            prepared[e].info["adjacent_calibration"] = {**after, "source": "adjacent calibration", "rounds": 1}
             prepared[e].info["interleaved_calibration"] = pooled
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
@@ -230,11 +230,6 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
     longer hides under the read."""
     context = min(parse_bucket(cell.context_len)[0], engine.max_context - 16 - engine.page_size - 1)
     return calibrate(engine, cell.batch_size, context, repeats=1, seed=seed, warmup=False)
-
-
-def _fit_of(calibration: dict) -> dict:
-    """What a run keeps of a calibration: its coefficients, R^2, rounds and context (no samples)."""
-    return {k: v for k, v in calibration.items() if k != "samples"}
 
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:

@@ -26,11 +26,11 @@ def _tpot(agg: dict):
     return agg.get("tpot_p50_s")
 
 
-def stored_cost(store, record, calibration: str | None, roofline=None):
-    """The step-cost model for a stored run: a roofline when given (or a function of the run that
-    gives one), else --calibration, else the calibration the run's group used."""
-    if roofline is not None:
-        return roofline(record) if callable(roofline) else roofline
+def stored_cost(store, record, calibration: str | None, cost=None):
+    """The step-cost model for a stored run: `cost` when given (a roofline, or a function of the run
+    that gives a step-cost model), else --calibration, else the calibration the run's group used."""
+    if cost is not None:
+        return cost(record) if callable(cost) else cost
     if calibration:
         return CalibratedCost(calibration_file(calibration))
     model = stored_calibration(store, record)
@@ -40,7 +40,7 @@ def stored_cost(store, record, calibration: str | None, roofline=None):
     return CalibratedCost(model)
 
 
-def stored_rows(store, run_ids, calibration: str | None = None, roofline=None) -> tuple[list[dict], list]:
+def stored_rows(store, run_ids, calibration: str | None = None, cost=None) -> tuple[list[dict], list]:
     """(rows, simulated run records) for stored runs; speedups over the AR run of the same group
     when it is among them."""
     rows, recs = [], []
@@ -48,7 +48,7 @@ def stored_rows(store, run_ids, calibration: str | None = None, roofline=None) -
         record = store.get_run(int(rid))
         if record.status != "ok":
             raise UserError(f"run {rid} failed ({record.error}): simulate a run that finished")
-        out, assumptions = simulate_stored(record, stored_cost(store, record, calibration, roofline))
+        out, assumptions = simulate_stored(record, stored_cost(store, record, calibration, cost))
         sim = to_record(out, {**record.config, "_prompt_lens": [r.prompt_len for r in record.requests]},
                         assumptions, record.env, group=None)
         recs.append(sim)

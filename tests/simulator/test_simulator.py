@@ -6,12 +6,14 @@ the same verifications and the same decode tok/s. No timings of this machine are
 from __future__ import annotations
 
 import json
+import random
+import sqlite3
 
 import pytest
 from click.testing import CliRunner
 
 from aspire_bench.cli import main
-from aspire_bench.decoders.scheduler import CostModel
+from aspire_bench.decoders.scheduler import CostModel, fit_cost_model
 from aspire_bench.harness import metrics
 from aspire_bench.harness.records import RunRecord, StepRecord
 from aspire_bench.harness.runner import RunConfig, run
@@ -275,6 +277,35 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
     assert decode["measured_ms"] == pytest.approx(1e3 * sum(x.t_end - x.t_start for x in decodes) / len(decodes))
     assert validate_simulator.main(["--store", db, "--calibration", str(calib), "--steps"]) == 0
     assert "| step kind |" in capsys.readouterr().out
+    # --without: each run's stored calibrations refitted from their samples without the terms named
+    assert validate_simulator.main(["--store", db, "--without", "beta_capture"]) == 2  # none stored
+    assert "error: run 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        validate_simulator.main(["--store", db, "--without", "beta_nope"])
+    gen, model = random.Random(0), CostModel(2e-3, 1e-4, 1e-6, beta_sparse=5e-7, beta_capture=3e-7)
+    samples = []
+    for _ in range(60):  # steps of one-token rows through views that capture or not, 1% noise
+        kvs = [gen.randint(200, 2000) for _ in range(gen.randint(1, 3))]
+        rows = [(1, kv, kv // 20 * gen.randint(0, 1), kv // 16 * gen.randint(0, 1)) for kv in kvs]
+        samples.append((len(rows), sum(kvs), 0.0, model.rows_time(rows) * (1 + 0.01 * gen.gauss(0, 1)), rows))
+    full = fit_cost_model(samples)
+    assert full.beta_capture > 0
+    con = sqlite3.connect(db)
+    for (rid,) in con.execute("SELECT run_id FROM runs").fetchall():
+        cal = {**full.to_dict(), "samples": samples, "source": "adjacent calibration"}
+        info = json.loads(con.execute("SELECT info FROM runs WHERE run_id = ?", (rid,)).fetchone()[0])
+        con.execute("UPDATE runs SET info = ? WHERE run_id = ?", (json.dumps({**info, "adjacent_calibration": cal}), rid))
+    con.commit()
+    con.close()
+    stored, refit = validate_simulator.validate(db, ["ar"]), validate_simulator.validate(db, ["ar"], without=("beta_capture",))
+    without = fit_cost_model(samples, without=("beta_capture",))
+    assert without.beta_capture == 0 and without.beta_attn != full.beta_attn
+    with Store(db, readonly=True) as st:
+        rec = st.get_run(1)
+    for rows, model in ((stored, full), (refit, without)):  # AR's steps priced by each fit
+        sim = simulate_stored(rec, CalibratedCost(model))[0]
+        assert rows[0]["simulated_decode_tok_s"] == pytest.approx(metrics.decode_tok_s(sim), rel=1e-12)
+    assert stored[0]["simulated_decode_tok_s"] != refit[0]["simulated_decode_tok_s"]
 
 
 def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
