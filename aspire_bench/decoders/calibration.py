@@ -44,8 +44,6 @@ from .speculative import accept_sampling
 CALIBRATION_CONTEXT = 4096
 # The grid's window rows: MagicDec's default sink + window view (sinks, positions in all).
 WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
-# The grid's draft view of pages whose rows capture no scores (see calibrate).
-UNCAPTURED = "uncaptured"
 # The grid's verify rows: these numbers of drafts (+ 1 tokens). Every count up to 4 because that is
 # where decoders verify most and where a CPU kernel changes method (a step in the cost, not a slope).
 DRAFTS = (1, 2, 3, 4, 8, 16)
@@ -178,7 +176,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     # and drafts through the same pages and refresh layer that capture no scores, in steps of drafts only:
     # beside the capturing ones they give the capture's cost apart from the pages' (it follows the whole
     # prefix, theirs the page budget; in decoding every ASPIRE draft captures)
-    grid += [(length, 0, d, (UNCAPTURED, x)) for length in lengths for d in drafts for x in ratios if x < 1]
+    grid += [(length, 0, d, ("uncaptured", x)) for length in lengths for d in drafts for x in ratios if x < 1]
     # A step of drafts only is the same step at every draft length, one of verifications only the same
     # under every draft view: each distinct step is timed once and its sample counted once per grid point
     # it stands for, so the fit weighs the kinds of step as the whole grid does (at half the timing).

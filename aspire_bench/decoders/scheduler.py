@@ -13,6 +13,8 @@ MIN_R2 = 0.9
 # this: on a GPU (verification cost flat in the number of queries, gathers as cheap as a contiguous
 # read) both fit ~0 and the model reduces to the paper's three terms.
 EXTRA_MIN_T = 3.0
+# The terms beyond the paper's three, each fitted only when significant.
+EXTRA_TERMS = ("beta_qk", "beta_multi", "beta_sparse", "beta_capture")
 # Candidate numbers of a row's queries that ride free on its KV read (see CostModel.qk_free).
 QK_FREE = (0, 1, 2, 3, 4, 6, 8)
 
@@ -238,9 +240,6 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
 
 
-EXTRA_TERMS = ("beta_qk", "beta_multi", "beta_sparse", "beta_capture")
-
-
 def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto", without=()) -> CostModel:
     """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
     row's (tokens, KV read[, of which scattered through views[, captured]]); older samples without rows,
@@ -300,8 +299,7 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
         if best[multi] is None or (r2 or 0) > (best[multi].r2 or 0):
             best[multi] = model
     plain, stepped = best[False], best[True]
-    params = 3 + sum(c > 0 for c in (stepped.beta_qk, stepped.beta_multi, stepped.beta_sparse, stepped.beta_capture)
-                     ) if stepped else 0
+    params = 3 + sum(getattr(stepped, k) > 0 for k in EXTRA_TERMS) if stepped else 0
     if stepped is None or (plain is not None and _improvement(plain, stepped, len(y), params) < EXTRA_MIN_T ** 2):
         return plain
     return stepped
@@ -318,7 +316,7 @@ def _improvement(simpler: CostModel, richer: CostModel, n: int, params: int) -> 
 
 def fit_problem(model: CostModel) -> str | None:
     """Why a fitted cost model must not be used, or None when it may."""
-    negative = [k for k in ("beta0", "beta_tok", "beta_attn", "beta_qk", "beta_sparse", "beta_multi", "beta_capture")
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", *EXTRA_TERMS)
                 if getattr(model, k) < 0]
     if negative:
         return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"
