@@ -1,13 +1,15 @@
 """Two versions of the compiled CPU attention kernel, timed side by side on the same rows.
 
     python bench/attention_ab.py --a OLD.cpp [--b NEW.cpp] --cases 1x16384s,4x16384 --threads 2
+    python bench/attention_ab.py --a-width 16 --b-width 8 --threads 2     # one source, two vector widths
 
 Each case is `NxCONTEXT`, with `s` for a sparse row (7% of the prefix's pages, ASPIRE's draft view)
 instead of the full prefix: 8 rows of N query tokens, the bundled model's attention shape (4 query
 heads, 2 KV heads, head dim 32, fp32). Calls alternate A/B and B/A; each reads one of 16 copies of the
 KV pool in turn (huge pages, as the engine's), so, as in a forward, no call finds its keys in cache.
 Prints per case the median time of each and the median of the per-pair ratios B/A with its quartiles,
-and the largest difference between the two outputs. `--b` defaults to the kernel in the tree.
+and the largest difference between the two outputs. `--a` and `--b` default to the kernel in the tree,
+`--a-width` and `--b-width` to the vector width this machine's build uses.
 Machine-noise that moves both versions cancels in the ratio; run it alone.
 """
 from __future__ import annotations
@@ -28,13 +30,16 @@ from aspire_bench.kernels.base import AttentionMeta, RowMeta
 HQ, HKV, D, ROWS, PAGE, COPIES = 4, 2, 32, 8, 16, 16
 
 
-def backend(src: Path) -> cpu_attention.CpuAttention:
-    """A backend whose kernel calls go to a build of `src` (built and cached like the shipped one)."""
-    lib = cpu_attention._open(cpu_build.build(cpu_build.compiler(), None, False, src=src,
+def backend(src: Path, width: int | None) -> cpu_attention.CpuAttention:
+    """A backend whose kernel calls go to a build of `src` (built and cached like the shipped one), with
+    vectors of `width` floats (None: this machine's choice, cpu_attention.vector_width_for)."""
+    flags = cpu_attention.build_flags(width)
+    lib = cpu_attention._open(cpu_build.build(cpu_build.compiler(), None, False, src=src, extra_flags=flags,
                                               what=f"the attention kernel {src}", hint=""))
-    be = cpu_attention.CpuAttention()
-    be._attention, be._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
-    return be
+    if width and lib.aspire_vector_width() != width:
+        raise ValueError(f"this CPU has no AVX-512: its build of {src.name} uses vectors of "
+                         f"{lib.aspire_vector_width()} floats, not {width}")
+    return cpu_attention.CpuAttention(lib)
 
 
 def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
@@ -56,8 +61,11 @@ def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--a", type=Path, required=True, help="the baseline kernel source (.cpp)")
+    ap.add_argument("--a", type=Path, default=cpu_attention.SOURCE, help="the reference (default: the tree's)")
     ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
+    for which in ("a", "b"):
+        ap.add_argument(f"--{which}-width", type=int, choices=(8, 16),
+                        help=f"floats per vector for {which.upper()} (default: this machine's; 16 needs AVX-512)")
     ap.add_argument("--cases", default="1x16384,1x16384s,2x16384,4x16384,7x16384")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=160)
@@ -68,9 +76,15 @@ def main(argv=None) -> int:
             print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
             return 2
     torch.set_num_threads(args.threads)
-    a, b = backend(args.a), backend(args.b)
+    try:
+        a, b = backend(args.a, args.a_width), backend(args.b, args.b_width)
+    except (cpu_build.KernelBuildError, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     gen = torch.Generator().manual_seed(args.seed)
-    print(f"A = {args.a}, B = {args.b}, {args.threads} threads, {args.pairs} pairs per case")
+    width = cpu_attention.vector_width_for(cpu_build.cpuinfo())
+    print(f"A = {args.a} ({args.a_width or width} floats per vector), B = {args.b} ({args.b_width or width}), "
+          f"{args.threads} threads, {args.pairs} pairs per case")
     for case in args.cases.split(","):
         n, ctx = case.split("x")
         sparse = ctx.endswith("s")

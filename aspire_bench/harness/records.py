@@ -18,6 +18,7 @@ import aspire_bench
 from aspire_bench.decoders.base import GenerationOutput
 from aspire_bench.harness import metrics
 from aspire_bench.harness.parity import Parity, RunParity
+from aspire_bench.kernels.cpu_build import cpuinfo
 
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.
@@ -249,13 +250,7 @@ def _torch_info() -> dict:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 SIMD_FLAGS = ("avx512f", "avx2", "asimd")  # the widest a machine has, in /proc/cpuinfo's flags
@@ -264,14 +259,7 @@ SIMD_FLAGS = ("avx512f", "avx2", "asimd")  # the widest a machine has, in /proc/
 def cpu_details() -> dict:
     """CPU family and model numbers and the widest SIMD extension: machines sold under one model name
     ("AMD EPYC") differ in both, and the compiled kernels' speed follows the SIMD width."""
-    info = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key in ("cpu family", "model", "flags", "Features") and key not in info:
-                info[key] = value
-    except OSError:
-        pass
+    info = cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
     return {"cpu_family_model": f"{info['cpu family']}/{info['model']}" if "cpu family" in info else None,
             "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None)}

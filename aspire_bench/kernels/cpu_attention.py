@@ -40,9 +40,27 @@ _lock = threading.Lock()
 _WHAT, _HINT = "the CPU attention kernel", "use --attention-backend torch"
 
 
-def build(cxx: str, kernels: Path | None = None, force: bool = False) -> Path:
-    """The path of a trusted, verified build of this kernel (cpu_build.build)."""
-    return cpu_build.build(cxx, kernels, force, src=SOURCE, what=_WHAT, hint=_HINT)
+def vector_width_for(info: dict[str, str]) -> int:
+    """Floats per SIMD vector for the kernel on the CPU that /proc/cpuinfo's fields `info` describe: 16
+    where the cores have AVX-512, except AMD's Zen 4 (family 25 with AVX-512), which runs each 512-bit
+    operation as two 256-bit halves: there vectors of 8 verify 2-7 tokens 8-34% faster, draft and decode
+    rows alike (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
+    flags = set((info.get("flags") or "").split())
+    if "avx512f" not in flags:
+        return 8
+    zen4 = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
+    return 8 if zen4 else 16
+
+
+def build_flags(width: int | None = None) -> tuple[str, ...]:
+    """The compiler flags beyond cpu_build's defaults: vectors of `width` floats (default: this machine's,
+    vector_width_for; a build for a CPU without AVX-512 takes 8 whatever is asked)."""
+    return (f"-DASPIRE_VL={width or vector_width_for(cpu_build.cpuinfo())}",)
+
+
+def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int | None = None) -> Path:
+    """The path of a trusted, verified build of this kernel (cpu_build.build), with `width`'s flags."""
+    return cpu_build.build(cxx, kernels, force, src=SOURCE, what=_WHAT, hint=_HINT, extra_flags=build_flags(width))
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -55,7 +73,7 @@ def _open(path: Path) -> ctypes.CDLL:
 
 
 def vector_width() -> int:
-    """Floats per SIMD vector of this machine's build: 16 with AVX-512, else 8 (one register each)."""
+    """Floats per SIMD vector of this machine's build (vector_width_for)."""
     return int(load_library().aspire_vector_width())
 
 
@@ -65,7 +83,8 @@ def load_library() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            _lib = cpu_build.load(cpu_build.compiler(), _open, src=SOURCE, what=_WHAT, hint=_HINT)
+            _lib = cpu_build.load(cpu_build.compiler(), _open, src=SOURCE, what=_WHAT, hint=_HINT,
+                                  extra_flags=build_flags())
     return _lib
 
 
@@ -115,8 +134,9 @@ class LayerCalls:
 class CpuAttention:
     name = "cpu"
 
-    def __init__(self):
-        lib = load_library()
+    def __init__(self, library: ctypes.CDLL | None = None):
+        """`library`: another build of the kernel, opened by `_open` (default: this machine's, load_library)."""
+        lib = library or load_library()
         self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
         self._addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._attention, self._reduce_scores))
         self._ref = TorchAttention()

@@ -42,14 +42,23 @@ def compiler() -> str:
                            "(or set $CXX), or use --attention-backend torch")
 
 
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("vendor_id", "cpu family", "flags", ...); empty where
+    there is no such file."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            info.setdefault(key, value)
+    except OSError:
+        pass
+    return info
+
+
 def _machine_key() -> str:
     """-march=native code is only valid on this kind of CPU, so the cache key includes its flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
+    info = cpuinfo()
+    return platform.machine() + (info.get("flags") or info.get("Features") or "")
 
 
 def _uid() -> int:

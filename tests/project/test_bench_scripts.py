@@ -51,6 +51,19 @@ def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
     assert attention_ab.main(["--a", "no/such.cpp"]) == 2
 
 
+def test_attention_ab_compares_vector_widths(capsys):
+    from aspire_bench.kernels import cpu_attention, cpu_build
+    has_512 = "avx512f" in cpu_build.cpuinfo().get("flags", "").split()
+    code = attention_ab.main(["--a-width", "16", "--b-width", "8", "--cases", "2x100", "--pairs", "2", "--threads", "1"])
+    out, err = capsys.readouterr()
+    if not has_512:
+        assert code == 2 and err.count("\n") == 1 and "not 16" in err
+        return
+    assert code == 0 and "(16 floats per vector), B = " in out and f"{cpu_attention.SOURCE} (8)" in out
+    diff = float(out.splitlines()[1].rsplit(" ", 1)[1])
+    assert 0 < diff < 1e-5  # other vectors, other rounding: close, not identical
+
+
 def test_draft_parts_adds_one_part_of_a_draft_per_kind(tmp_path):
     from aspire_bench.harness.step_costs import Cell
     engine = step_costs.make_engine("tiny", "float32", "cpu", "torch", seed=0)

@@ -25,10 +25,17 @@ namespace {
 // Explicit SIMD through GCC (>= 12) / Clang vector extensions, one vector per register: 16 floats on
 // AVX-512, else 8 (AVX2; two registers elsewhere). A vector wider than the registers is split by the
 // compiler, and the tiles below, sized for 32 registers of 16, then spill (an AVX2 machine ran 3-7x
-// slower).
+// slower). The build may choose 8 on AVX-512 too (-DASPIRE_VL=8: cores that split 512-bit operations
+// in two halves, cpu_attention.vector_width_for).
+#ifndef ASPIRE_VL
 #if defined(__AVX512F__)
 #define ASPIRE_VL 16
 #else
+#define ASPIRE_VL 8
+#endif
+#endif
+#if ASPIRE_VL == 16 && !defined(__AVX512F__)  // a build without -march=native: no AVX-512 registers
+#undef ASPIRE_VL
 #define ASPIRE_VL 8
 #endif
 constexpr int VL = ASPIRE_VL;
