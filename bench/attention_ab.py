@@ -4,7 +4,8 @@
     python bench/attention_ab.py --a-width 16 --b-width 8 --threads 2     # one source, two vector widths
 
 Each case is `NxCONTEXT`, with `s` for a sparse row (7% of the prefix's pages, ASPIRE's draft view)
-instead of the full prefix: 8 rows of N query tokens, the bundled model's attention shape (4 query
+instead of the full prefix, or `c` for a full row that also captures its page scores (ASPIRE's refresh
+layer; the scores' largest difference counts in the outputs'): 8 rows of N query tokens, the bundled model's attention shape (4 query
 heads, 2 KV heads, head dim 32, fp32). Calls alternate A/B and B/A; each reads one of 16 copies of the
 KV pool in turn (huge pages, as the engine's), so, as in a forward, no call finds its keys in cache.
 Prints per case the median time of each and the median of the per-pair ratios B/A with its quartiles,
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aspire_bench.engine.kv_cache import pool_tensor
 from aspire_bench.kernels import cpu_attention, cpu_build
-from aspire_bench.kernels.base import AttentionMeta, RowMeta
+from aspire_bench.kernels.base import PAGE_MAX_SUM, AttentionMeta, RowMeta
 
 HQ, HKV, D, ROWS, PAGE, COPIES = 4, 2, 32, 8, 16, 16
 
@@ -87,8 +88,10 @@ def main(argv=None) -> int:
           f"{args.threads} threads, {args.pairs} pairs per case")
     for case in args.cases.split(","):
         n, ctx = case.split("x")
-        sparse = ctx.endswith("s")
-        rows, cap = case_rows(int(n), int(ctx.rstrip("s")), sparse, gen)
+        kind = ctx[-1] if ctx[-1] in "sc" else ""
+        rows, cap = case_rows(int(n), int(ctx.rstrip("sc")), kind == "s", gen)
+        for r in rows if kind == "c" else ():  # page scores of the row's last token, as ASPIRE's refresh layer
+            r.capture_layers, r.capture_queries, r.capture_reduce = frozenset({0}), (-1,), PAGE_MAX_SUM
         q = torch.randn(ROWS * int(n), HQ, D, generator=gen)
         pools = []
         for _ in range(COPIES):
@@ -97,7 +100,8 @@ def main(argv=None) -> int:
             v.normal_(generator=gen)
             pools.append((k, v))
         meta = AttentionMeta(rows=rows, num_tokens=q.shape[0], page_size=PAGE, scale=D ** -0.5)
-        diff = (a.attend(0, q, *pools[0], meta)[0] - b.attend(0, q, *pools[0], meta)[0]).abs().max().item()
+        (out_a, caps_a), (out_b, caps_b) = a.attend(0, q, *pools[0], meta), b.attend(0, q, *pools[0], meta)
+        diff = max([(out_a - out_b).abs().max().item()] + [(caps_a[i] - caps_b[i]).abs().max().item() for i in caps_a])
         times: tuple[list, list] = ([], [])
         for i in range(args.pairs):
             for which in ((0, 1) if i % 2 == 0 else (1, 0)):

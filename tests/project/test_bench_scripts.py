@@ -41,9 +41,9 @@ def test_dense_forward_times_each_dense_backend(tmp_path):
 
 def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
     from aspire_bench.kernels.cpu_attention import SOURCE
-    assert attention_ab.main(["--a", str(SOURCE), "--cases", "1x64,3x80s", "--pairs", "4", "--threads", "1"]) == 0
+    assert attention_ab.main(["--a", str(SOURCE), "--cases", "1x64,3x80s,1x90c", "--pairs", "4", "--threads", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and lines[1].strip().startswith("1x64:") and lines[2].strip().startswith("3x80s:")
+    assert [ln.split(":")[0].strip() for ln in lines[1:]] == ["1x64", "3x80s", "1x90c"]
     assert all(ln.endswith("max |A-B| 0.0e+00") for ln in lines[1:])  # one source: identical outputs
     rows, cap = attention_ab.case_rows(3, 80, True, torch.Generator().manual_seed(0))
     assert all(r.sparse[0][-3:].tolist() == [r.base + 80 + i for i in range(3)] for r in rows)  # own tokens last
