@@ -34,9 +34,7 @@ HQ, HKV, D, ROWS, PAGE, COPIES = 4, 2, 32, 8, 16, 16
 def backend(src: Path, width: int | None) -> cpu_attention.CpuAttention:
     """A backend whose kernel calls go to a build of `src` (built and cached like the shipped one), with
     vectors of `width` floats (None: this machine's choice, cpu_attention.vector_width_for)."""
-    flags = cpu_attention.build_flags(width)
-    lib = cpu_attention._open(cpu_build.build(cpu_build.compiler(), None, False, src=src, extra_flags=flags,
-                                              what=f"the attention kernel {src}", hint=""))
+    lib = cpu_attention._open(cpu_attention.build(cpu_build.compiler(), width=width, src=src))
     if width and lib.aspire_vector_width() != width:
         raise ValueError(f"this CPU has no AVX-512: its build of {src.name} uses vectors of "
                          f"{lib.aspire_vector_width()} floats, not {width}")

@@ -18,7 +18,7 @@ import aspire_bench
 from aspire_bench.decoders.base import GenerationOutput
 from aspire_bench.harness import metrics
 from aspire_bench.harness.parity import Parity, RunParity
-from aspire_bench.kernels.cpu_build import cpuinfo
+from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
 
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.
@@ -260,7 +260,7 @@ def cpu_details() -> dict:
     """CPU family and model numbers and the widest SIMD extension: machines sold under one model name
     ("AMD EPYC") differ in both, and the compiled kernels' speed follows the SIMD width."""
     info = cpuinfo()
-    flags = set((info.get("flags") or info.get("Features") or "").split())
+    flags = cpu_flags(info)
     return {"cpu_family_model": f"{info['cpu family']}/{info['model']}" if "cpu family" in info else None,
             "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None)}
 

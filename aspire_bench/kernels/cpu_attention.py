@@ -45,8 +45,7 @@ def vector_width_for(info: dict[str, str]) -> int:
     where the cores have AVX-512, except AMD's Zen 4 (family 25 with AVX-512), which runs each 512-bit
     operation as two 256-bit halves: there vectors of 8 verify 2-7 tokens 8-34% faster, draft and decode
     rows alike (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
-    flags = set((info.get("flags") or "").split())
-    if "avx512f" not in flags:
+    if "avx512f" not in cpu_build.cpu_flags(info):
         return 8
     zen4 = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
     return 8 if zen4 else 16
@@ -58,9 +57,12 @@ def build_flags(width: int | None = None) -> tuple[str, ...]:
     return (f"-DASPIRE_VL={width or vector_width_for(cpu_build.cpuinfo())}",)
 
 
-def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int | None = None) -> Path:
-    """The path of a trusted, verified build of this kernel (cpu_build.build), with `width`'s flags."""
-    return cpu_build.build(cxx, kernels, force, src=SOURCE, what=_WHAT, hint=_HINT, extra_flags=build_flags(width))
+def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int | None = None,
+          src: Path = SOURCE) -> Path:
+    """The path of a trusted, verified build of this kernel, or of another version of its source `src`
+    (cpu_build.build), with `width`'s flags."""
+    what = _WHAT if src == SOURCE else f"the attention kernel {src}"
+    return cpu_build.build(cxx, kernels, force, src=src, what=what, hint=_HINT, extra_flags=build_flags(width))
 
 
 def _open(path: Path) -> ctypes.CDLL:

@@ -55,6 +55,12 @@ def cpuinfo() -> dict[str, str]:
     return info
 
 
+def cpu_flags(info: dict[str, str] | None = None) -> set[str]:
+    """The CPU's feature flags (`flags` on x86, `Features` on ARM) from `info` (default: cpuinfo())."""
+    info = cpuinfo() if info is None else info
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
 def _machine_key() -> str:
     """-march=native code is only valid on this kind of CPU, so the cache key includes its flags."""
     info = cpuinfo()

@@ -53,7 +53,7 @@ def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
 
 def test_attention_ab_compares_vector_widths(capsys):
     from aspire_bench.kernels import cpu_attention, cpu_build
-    has_512 = "avx512f" in cpu_build.cpuinfo().get("flags", "").split()
+    has_512 = "avx512f" in cpu_build.cpu_flags()
     code = attention_ab.main(["--a-width", "16", "--b-width", "8", "--cases", "2x100", "--pairs", "2", "--threads", "1"])
     out, err = capsys.readouterr()
     if not has_512:
