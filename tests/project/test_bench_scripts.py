@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import attention_ab
 import dense_forward
 import draft_parts
+import engine_ab
 import host_work
 import step_costs
 
@@ -49,6 +50,18 @@ def test_attention_ab_times_two_builds_on_the_same_rows(capsys):
     assert all(r.sparse[0][-3:].tolist() == [r.base + 80 + i for i in range(3)] for r in rows)  # own tokens last
     assert all(r.base + r.start + r.n <= cap for r in rows)
     assert attention_ab.main(["--a", "no/such.cpp"]) == 2
+
+
+def test_engine_ab_times_two_builds_in_whole_forwards(capsys):
+    from aspire_bench.kernels.cpu_attention import SOURCE
+    assert engine_ab.main(["--a", str(SOURCE), "--context", "1024", "--batch", "2", "--rounds", "2",
+                           "--kinds", "ar,verify2,aspire,window", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0].strip() for ln in lines[1:]] == ["ar", "verify2", "aspire", "window"]
+    assert all(ln.endswith("outputs identical") for ln in lines[1:])  # one source: the same logits
+    assert engine_ab.main(["--b", "no/such.cpp"]) == 2
+    assert engine_ab.main(["--kinds", "ar,verify9"]) == 2
+    assert capsys.readouterr().err.count("error:") == 2
 
 
 def test_attention_ab_compares_vector_widths(capsys):
