@@ -6,7 +6,8 @@
 // item of an OpenMP loop; it reads each key and value once, in place in the pool (full view) or
 // through the row's pool indices (sparse view, no gather copy), for all the query heads of its group
 // and all the row's tokens at once, with an online softmax in base 2, prefetching ahead (the next
-// block into L1, the one after into L2) so the KV stream overlaps the arithmetic. The chunks of a row merge by their log-sum-exp.
+// block into L1, the one after into L2; a decode row leaves its stream to the hardware) so the KV
+// stream overlaps the arithmetic. The chunks of a row merge by their log-sum-exp.
 //
 // Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
 // k, v [Hkv, cap, D] (one layer of the pool);
@@ -385,7 +386,7 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
     }
     // the block after it into L2 only (prefetcht2), where it has room: the hardware's own prefetchers
     // do not follow a sparse row's pages, nor keep pace with rows of several tokens (on a Zen 4, 8
-    // rows at 16k: a draft row's layer 23% faster, a verification step of 2-3 drafts 23-27%; into L1
+    // rows at 16k: a draft row's layer 23% faster, verification of 2-3 drafts 22-26%; into L1
     // instead: 6% slower)
     for (int64_t r = pf_end, r_end = !prefetch ? r : r + BK < j_end ? r + BK : j_end; r < r_end; ++r) {
       const int64_t pos = it.pos(r);
