@@ -41,6 +41,21 @@ def backend(src: Path, width: int | None) -> cpu_attention.CpuAttention:
     return cpu_attention.CpuAttention(lib)
 
 
+def add_source_args(ap: argparse.ArgumentParser) -> None:
+    """--a and --b: the two kernel sources compared (default: the tree's)."""
+    ap.add_argument("--a", type=Path, default=cpu_attention.SOURCE, help="the reference (default: the tree's)")
+    ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
+
+
+def sources_exist(args) -> bool:
+    """Whether --a and --b name files; if not, a one-line error on stderr."""
+    for src in (args.a, args.b):
+        if not src.is_file():
+            print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
+            return False
+    return True
+
+
 def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
     """ROWS rows of n tokens after `context` keys, in disjoint slots of one pool; a sparse row keeps 7%
     of its prefix's pages (random ones, sorted) and its own tokens."""
@@ -60,8 +75,7 @@ def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--a", type=Path, default=cpu_attention.SOURCE, help="the reference (default: the tree's)")
-    ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
+    add_source_args(ap)
     for which in ("a", "b"):
         ap.add_argument(f"--{which}-width", type=int, choices=(8, 16),
                         help=f"floats per vector for {which.upper()} (default: this machine's; 16 needs AVX-512)")
@@ -70,10 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    for src in (args.a, args.b):
-        if not src.is_file():
-            print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
-            return 2
+    if not sources_exist(args):
+        return 2
     torch.set_num_threads(args.threads)
     try:
         a, b = backend(args.a, args.a_width), backend(args.b, args.b_width)

@@ -18,24 +18,22 @@ import argparse
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attention_ab import backend
+from attention_ab import add_source_args, backend, sources_exist
 from step_costs import make_engine
 
-from aspire_bench.decoders.calibration import last_level_cache_bytes
-from aspire_bench.harness.step_costs import Cell
-from aspire_bench.kernels import cpu_attention
+from aspire_bench.harness.step_costs import Cell, timed_cold_rounds
+
+# the kinds and the drafts each verifies (None: not a verification)
+KINDS = {"ar": None, "aspire": None, "window": None, **{f"verify{g}": g for g in range(1, 7)}}
 
 
 def kind_rows(cell: Cell, kind: str):
-    if kind.startswith("verify"):
-        return cell.rows("verify", int(kind[len("verify"):]))
-    return cell.rows(kind)
+    return cell.rows("verify", KINDS[kind]) if KINDS[kind] else cell.rows(kind)
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -45,8 +43,7 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--a", type=Path, default=cpu_attention.SOURCE, help="the reference (default: the tree's)")
-    ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
+    add_source_args(ap)
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--kinds", default="ar,verify1,verify2,verify3,verify6,aspire,window")
@@ -54,13 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    for src in (args.a, args.b):
-        if not src.is_file():
-            print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
-            return 2
+    if not sources_exist(args):
+        return 2
     kinds = args.kinds.split(",")
-    bad = [k for k in kinds if k not in ("ar", "aspire", "window") and not
-           (k.startswith("verify") and k[len("verify"):].isdigit() and 1 <= int(k[len("verify"):]) <= 6)]
+    bad = [k for k in kinds if k not in KINDS]
     if bad:
         print(f"error: unknown kind {bad[0]!r}: use ar, aspire, window or verify1 ... verify6", file=sys.stderr)
         return 2
@@ -68,27 +62,14 @@ def main(argv=None) -> int:
     engine = make_engine("tiny", "float32", "cpu", "cpu", args.seed, "cpp")
     versions = {"A": backend(args.a, None), "B": backend(args.b, None)}
     cell = Cell(engine, args.context, args.batch, 6, args.seed)
-    flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4).fill_(1.0)
-    rng = random.Random(args.seed)
-    times = {(k, v): [] for k in kinds for v in versions}
-    outs = {}
-    for rnd in range(args.rounds + 1):  # the first round warms up
-        order = list(times)
-        rng.shuffle(order)
-        for kind, v in order:
-            engine.backend = versions[v]
-            rows = kind_rows(cell, kind)
-            for timed_now in (False, True):
-                for r in rows:
-                    r.slot.length = r.start
-                if timed_now:
-                    flush.sum().item()
-                t0 = time.perf_counter()
-                out = engine.forward(rows)
-                if timed_now and rnd:
-                    times[kind, v].append(time.perf_counter() - t0)
-                    outs[kind, v] = out
-        print(f"round {rnd}/{args.rounds}", end="\r", file=sys.stderr, flush=True)
+
+    def rows_of(kind_version):
+        kind, version = kind_version
+        engine.backend = versions[version]
+        return kind_rows(cell, kind)
+
+    times, outs = timed_cold_rounds(engine, rows_of, [(k, v) for k in kinds for v in versions], args.rounds,
+                                    random.Random(args.seed))
     print(f"A = {args.a}, B = {args.b}, {args.context} keys x {args.batch} rows, {args.threads} threads, "
           f"{args.rounds} rounds")
     for kind in kinds:

@@ -119,11 +119,12 @@ def timed_interleaved(fns: dict, repeats: int, sync) -> dict:
     return {key: statistics.median(v) for key, v in ts.items()}
 
 
-def timed_cold(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random) -> tuple[dict, dict]:
-    """(median wall seconds of a forward of rows_of(kind), that kind's last timed output) per kind, as a
-    decoding step meets its KV: rounds over the kinds in a fresh random order (the first a warm-up, not
-    kept), each timed forward after an untimed one of the same rows and a read of twice the last-level
-    cache, so that it finds neither its KV nor the weights in cache. Progress on stderr."""
+def timed_cold_rounds(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random) -> tuple[dict, dict]:
+    """(wall seconds of each round's forward of rows_of(kind), in round order, and that kind's last timed
+    output) per kind, as a decoding step meets its KV: rounds over the kinds in a fresh random order
+    (the first a warm-up, not kept), each timed forward after an untimed one of the same rows and a
+    read of twice the last-level cache, so that it finds neither its KV nor the weights in cache.
+    Progress on stderr."""
     from ..decoders.calibration import last_level_cache_bytes
     flush = torch.empty(2 * last_level_cache_bytes(engine.device) // 4, device=engine.device).fill_(1.0)
     times, outs = {k: [] for k in kinds}, {}
@@ -143,6 +144,13 @@ def timed_cold(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random)
                     times[kind].append(time.perf_counter() - t0)
                     outs[kind] = out
         print(f"round {rnd}/{repeats}", end="\r", file=sys.stderr, flush=True)
+    return times, outs
+
+
+def timed_cold(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random) -> tuple[dict, dict]:
+    """(median wall seconds of a forward of rows_of(kind), that kind's last timed output) per kind,
+    timed as timed_cold_rounds does."""
+    times, outs = timed_cold_rounds(engine, rows_of, kinds, repeats, rng)
     return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
