@@ -6,8 +6,9 @@
 // item of an OpenMP loop; it reads each key and value once, in place in the pool (full view) or
 // through the row's pool indices (sparse view, no gather copy), for all the query heads of its group
 // and all the row's tokens at once, with an online softmax in base 2, prefetching ahead (the next
-// block into L1, the one after into L2; a decode row leaves its stream to the hardware) so the KV
-// stream overlaps the arithmetic. The chunks of a row merge by their log-sum-exp.
+// block into L1, the two after into L2; a full row of few queries, a decode step or one draft's
+// verification, leaves its stream to the hardware) so the KV stream overlaps the arithmetic. The
+// chunks of a row merge by their log-sum-exp.
 //
 // Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
 // k, v [Hkv, cap, D] (one layer of the pool);
@@ -217,7 +218,10 @@ struct State {
 // times a broadcast query element, VL keys per vector: the transposition is shared by all queries.
 // Dot (DOT true): per query and key the product of the K row with the query summed across its lanes,
 // VL keys folded at once (hsum_rows): no transposition, 30 shuffles per 16 keys and query. Cheaper when
-// a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot.
+// a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot. Every K row
+// is loaded once per two queries, and no key is checked: the block's rows past its end point at its
+// first row, and their scores are masked (on a Zen 4 a decode row's arithmetic 27% less, one
+// draft's verification 18%, than with per-key checks and a load per query).
 template <int ND, int NB, int QB, bool DOT>
 inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   constexpr int BK = NB * VL;
@@ -225,24 +229,34 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   const int64_t D = nd * VL;
   vf iota;
   for (int j = 0; j < VL; ++j) iota[j] = static_cast<float>(j);
-  vf s[QB][NB] = {};
+  vf s[QB][NB];
+  if constexpr (!DOT)
+    for (int u = 0; u < QB; ++u)
+      for (int b = 0; b < NB; ++b) s[u][b] = vf{};
   if constexpr (DOT) {
-    for (int u = 0; u < QB; ++u) {
-      vf qv[ND > 0 ? ND : MAXND];
-      for (int64_t c = 0; c < nd; ++c) qv[c] = load(st.qs + (q0 + u) * D + c * VL);
+    // queries in passes of (at most) two, so a pass's 2 x VL partial products and a K row stay in
+    // registers; rows past the block's end point at its first (the caller's padding) and are masked
+    // below, so no key is checked here
+    for (int u0 = 0; u0 < QB; u0 += 2) {
+      constexpr int UMAX = QB < 2 ? QB : 2;
+      const int nu = QB - u0 < UMAX ? QB - u0 : UMAX;
+      vf qv[UMAX][ND > 0 ? ND : MAXND];
+      for (int u = 0; u < nu; ++u)
+        for (int64_t c = 0; c < nd; ++c) qv[u][c] = load(st.qs + (q0 + u0 + u) * D + c * VL);
       for (int b = 0; b < NB; ++b) {
-        if (b * VL >= st.jb && u > 0) break;  // past the block's end: masked below
-        vf r[VL];
+        if (u0 == 0)  // this group's share of the next block's K rows, spread over the first pass
+          for (int64_t r = b * VL * st.groups + gidx, r_end = (b + 1) * VL * st.groups; r < r_end && r < st.npf; r += st.groups)
+            for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
+        vf r[UMAX][VL];
         for (int t = 0; t < VL; ++t) {
-          const int64_t jj = b * VL + t, r_pf = jj * st.groups + gidx;
-          if (u == 0 && r_pf < st.npf)  // the next block's K rows, spread over the first query's scores
-            for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r_pf] + c);
-          vf acc = {};
-          if (jj < st.jb)
-            for (int64_t c = 0; c < nd; ++c) acc += qv[c] * load(st.krow[jj] + c * VL);
-          r[t] = acc;
+          const float* kr = st.krow[b * VL + t];
+          for (int64_t c = 0; c < nd; ++c) {
+            const vf kv = in_register(load(kr + c * VL));
+            for (int u = 0; u < UMAX; ++u)
+              if (u < nu) r[u][t] = c == 0 ? qv[u][c] * kv : r[u][t] + qv[u][c] * kv;
+          }
         }
-        s[u][b] = hsum_rows(r);
+        for (int u = 0; u < nu; ++u) s[u0 + u][b] = hsum_rows(r[u]);
       }
     }
   }
@@ -300,14 +314,16 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
       av[u][c] = load(st.acc + (q0 + u) * D + c * VL);
       if (corr[u] != 1.f) av[u][c] *= corr[u];  // the running max rarely moves after a few blocks
     }
-  for (int64_t jj = 0; jj < vis_max; ++jj) {
-    const int64_t r = jj * st.groups + gidx;
-    if (r < st.npf)  // V rows, used last, during P·V
-      for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // one per 64-byte line
-    const float* vr = st.vrow[jj];
-    for (int64_t c = 0; c < nd; ++c) {
-      const vf vv = in_register(load(vr + c * VL));
-      for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
+  // whole groups of VL keys: the masked keys' probabilities are 0 and their rows (padding) readable
+  for (int64_t j8 = 0; j8 < vis_max; j8 += VL) {
+    for (int64_t r = j8 * st.groups + gidx, r_end = (j8 + VL) * st.groups; r < r_end && r < st.npf; r += st.groups)
+      for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // V rows, used last, during P·V
+    for (int64_t jj = j8; jj < j8 + VL; ++jj) {
+      const float* vr = st.vrow[jj];
+      for (int64_t c = 0; c < nd; ++c) {
+        const vf vv = in_register(load(vr + c * VL));
+        for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
+      }
     }
   }
   for (int u = 0; u < QB; ++u)
@@ -348,7 +364,8 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
                   float* part) {
   constexpr int QMAX = query_group(ND, NB), BK = NB * VL;
   const int64_t D = it.D, nq = it.nq, n = it.n;
-  std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(D * BK);
+  const bool dot = use_dot(nq, it.D);
+  std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(dot ? 0 : D * BK);
   State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
   st.groups = (nq + QMAX - 1) / QMAX;
   for (int64_t gi = 0; gi < it.g; ++gi)
@@ -358,25 +375,35 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       for (int64_t e = 0; e < D; ++e) dst[e] = src[e] * scale * LOG2E;  // scores in log2 units
     }
   const int64_t nd = D / VL;
-  const bool dot = use_dot(nq, D);
   for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
     st.j0 = j0;
     st.jb = j_end - j0 < BK ? j_end - j0 : BK;
-    for (int64_t jj = 0; jj < st.jb; ++jj) {
-      const int64_t pos = it.pos(j0 + jj);
-      st.krow[jj] = it.kh + pos * D;
-      st.vrow[jj] = it.vh + pos * D;
-      if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
+    if (it.sparse)
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
+        st.krow[jj] = it.kh + it.idx[it.idx_off + j0 + jj] * D;
+        st.vrow[jj] = it.vh + it.idx[it.idx_off + j0 + jj] * D;
+      }
+    else
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
+        st.krow[jj] = it.kh + (it.base + j0 + jj) * D;
+        st.vrow[jj] = it.vh + (it.base + j0 + jj) * D;
+      }
+    for (int64_t jj = st.jb; jj < BK; ++jj) {  // past the end: readable rows whose scores are masked
+      st.krow[jj] = st.krow[0];
+      st.vrow[jj] = st.vrow[0];
+    }
+    if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
+      for (int64_t jj = 0; jj < st.jb; ++jj)
         for (int64_t c = 0; c < D; c += 16) {
           __builtin_prefetch(st.krow[jj] + c);
           __builtin_prefetch(st.vrow[jj] + c);
         }
-    }
     // the next block into L1, spread over this block's arithmetic (further ahead, lines fall out of L1
-    // before they are used). Not for a full row of one token (a decode step): with so little
-    // arithmetic per key the hardware's prefetchers keep its stream going, and the prefetch
-    // instructions only take their place in the queues (an AR step on a Zen 4 19% faster without).
-    const bool prefetch = it.sparse || it.n > 1;
+    // before they are used). Not for a full row scored by dot products (a decode step, a verification
+    // of one draft): with so little arithmetic per key the hardware's prefetchers keep its stream
+    // going, and the prefetch instructions only take their place in the queues (on a Zen 4, 8 rows
+    // at 16k: a decode row's layer 30-45% faster without, one draft's 12-16%; two drafts' even).
+    const bool prefetch = it.sparse || !dot;
     const int64_t pf_begin = j0 + BK, pf_end = pf_begin + BK < j_end ? pf_begin + BK : j_end;
     st.npf = prefetch && pf_end > pf_begin ? pf_end - pf_begin : 0;
     for (int64_t r = 0; r < st.npf; ++r) {
@@ -384,26 +411,31 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
       st.pf[2 * r] = it.kh + pos * D;
       st.pf[2 * r + 1] = it.vh + pos * D;
     }
-    // the block after it into L2 only (prefetcht2), where it has room: the hardware's own prefetchers
-    // do not follow a sparse row's pages, nor keep pace with rows of several tokens (on a Zen 4, 8
-    // rows at 16k: a draft row's layer 23% faster, verification of 2-3 drafts 22-26%; into L1
-    // instead: 6% slower)
-    for (int64_t r = pf_end, r_end = !prefetch ? r : r + BK < j_end ? r + BK : j_end; r < r_end; ++r) {
-      const int64_t pos = it.pos(r);
-      for (int64_t c = 0; c < D; c += 16) {
-        __builtin_prefetch(it.kh + pos * D + c, 0, 1);
-        __builtin_prefetch(it.vh + pos * D + c, 0, 1);
+    // the two blocks after it into L2 only (prefetcht2), where they have room: the hardware's own
+    // prefetchers do not follow a sparse row's pages, nor keep pace with rows of several tokens (on a
+    // Zen 4, 8 rows at 16k: a draft row's layer 23% faster, verification of 2-3 drafts 22-26%; into
+    // L1 instead: 6% slower). Each block is so asked for twice, three and two blocks ahead: 10-14%
+    // faster for a draft row, 11% for two drafts' verification, than once at either distance.
+    const int64_t l2_end = !prefetch ? pf_end : pf_end + 2 * BK < j_end ? pf_end + 2 * BK : j_end;
+    if (it.sparse)
+      for (int64_t r = pf_end; r < l2_end; ++r) {
+        const int64_t pos = it.idx[it.idx_off + r];
+        for (int64_t c = 0; c < D; c += 16) {
+          __builtin_prefetch(it.kh + pos * D + c, 0, 1);
+          __builtin_prefetch(it.vh + pos * D + c, 0, 1);
+        }
       }
-    }
+    else  // one contiguous span of K and one of V
+      for (int64_t c = (it.base + pf_end) * D, c_end = (it.base + l2_end) * D; c < c_end; c += 16) {
+        __builtin_prefetch(it.kh + c, 0, 1);
+        __builtin_prefetch(it.vh + c, 0, 1);
+      }
     // K block transposed to [D][BK] (VL x VL tiles through registers), so scores vectorise over keys
     if (!dot)
       for (int kb = 0; kb < NB; ++kb)
         for (int64_t c = 0; c < nd; ++c) {
           vf r[VL];
-          for (int t = 0; t < VL; ++t) {
-            const int64_t jj = kb * VL + t;
-            r[t] = jj < st.jb ? load(st.krow[jj] + c * VL) : vf{};  // past the end: zeros, masked
-          }
+          for (int t = 0; t < VL; ++t) r[t] = load(st.krow[kb * VL + t] + c * VL);  // past the end: padding, masked
           transpose(r);
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
