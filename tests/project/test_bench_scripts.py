@@ -17,6 +17,7 @@ import dense_forward
 import draft_parts
 import engine_ab
 import host_work
+import kernel_ab
 import step_costs
 
 
@@ -62,6 +63,29 @@ def test_engine_ab_times_two_builds_in_whole_forwards(capsys):
     assert engine_ab.main(["--b", "no/such.cpp"]) == 2
     assert engine_ab.main(["--kinds", "ar,verify9"]) == 2
     assert capsys.readouterr().err.count("error:") == 2
+
+
+def test_kernel_ab_calls_both_builds_back_to_back(tmp_path, capsys):
+    from aspire_bench.kernels.cpu_attention import SOURCE
+    # B scores with a 1% larger scale: its outputs must differ from A's, so both versions really ran
+    text = SOURCE.read_text()
+    assert "scale * LOG2E;" in text
+    other = tmp_path / "other.cpp"
+    other.write_text(text.replace("scale * LOG2E;", "scale * LOG2E * 1.01f;"))
+    assert kernel_ab.main(["--b", str(other), "--cases", "1x100,3x200s", "--pairs", "4", "--copies", "2",
+                           "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0].strip() for ln in lines[1:]] == ["1x100", "3x200s"]
+    assert all(1e-6 < float(ln.rsplit(" ", 1)[1]) < 1 for ln in lines[1:])
+    # --b read: B is a plain read of the same lines; its line says so instead of an output difference
+    assert kernel_ab.main(["--b", "read", "--cases", "1x100s", "--pairs", "2", "--copies", "1", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("(B: plain read)")
+    assert kernel_ab.main(["--cases", "2by64"]) == 2
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++")
+    assert kernel_ab.main(["--a", str(broken), "--cases", "1x64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "is not NxCONTEXT" in err and "did not compile" in err
 
 
 def test_attention_ab_compares_vector_widths(capsys):
