@@ -47,13 +47,27 @@ def add_source_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--b", type=Path, default=cpu_attention.SOURCE, help="the candidate (default: the tree's)")
 
 
-def sources_exist(args) -> bool:
-    """Whether --a and --b name files; if not, a one-line error on stderr."""
-    for src in (args.a, args.b):
+def sources_exist(*sources: Path) -> bool:
+    """Whether the kernel sources (--a, --b) name files; if not, a one-line error on stderr."""
+    for src in sources:
         if not src.is_file():
             print(f"error: no kernel source at {src}: pass a .cpp file", file=sys.stderr)
             return False
     return True
+
+
+def parse_cases(text: str, kinds: str) -> list[tuple[str, int, int, str]]:
+    """(case, tokens per row, context, kind) per comma-separated `NxCONTEXT` with an optional kind
+    suffix from `kinds` ("" for a full row); ValueError naming a case that is not one."""
+    cases = []
+    for case in text.split(","):
+        n, _, ctx = case.partition("x")
+        kind = ctx[-1:] if ctx[-1:] and ctx[-1:] in kinds else ""
+        if not (n.isdigit() and int(n) > 0 and ctx[:len(ctx) - len(kind)].isdigit()):
+            examples = ", ".join(["2x16384", *(f"1x16384{k}" for k in kinds)])
+            raise ValueError(f"case {case!r} is not NxCONTEXT with an optional suffix {'/'.join(kinds)} (e.g. {examples})")
+        cases.append((case, int(n), int(ctx[:len(ctx) - len(kind)]), kind))
+    return cases
 
 
 def case_rows(n: int, context: int, sparse: bool, gen: torch.Generator):
@@ -84,7 +98,12 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if not sources_exist(args):
+    if not sources_exist(args.a, args.b):
+        return 2
+    try:
+        cases = parse_cases(args.cases, "sc")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     try:
@@ -96,10 +115,8 @@ def main(argv=None) -> int:
     width = cpu_attention.vector_width_for(cpu_build.cpuinfo())
     print(f"A = {args.a} ({args.a_width or width} floats per vector), B = {args.b} ({args.b_width or width}), "
           f"{args.threads} threads, {args.pairs} pairs per case")
-    for case in args.cases.split(","):
-        n, ctx = case.split("x")
-        kind = ctx[-1] if ctx[-1] in "sc" else ""
-        rows, cap = case_rows(int(n), int(ctx.rstrip("sc")), kind == "s", gen)
+    for case, n, ctx, kind in cases:
+        rows, cap = case_rows(n, ctx, kind == "s", gen)
         for r in rows if kind == "c" else ():  # page scores of the row's last token, as ASPIRE's refresh layer
             r.capture_layers, r.capture_queries, r.capture_reduce = frozenset({0}), (-1,), PAGE_MAX_SUM
         q = torch.randn(ROWS * int(n), HQ, D, generator=gen)

@@ -9,8 +9,8 @@ on the step-cost rows of `bench/step_costs.py` (`ar`: one token per row over the
 round times every (kind, version) once, in a fresh random order, each forward after an untimed one
 of the same rows and a read of twice the last-level cache (as in decoding, neither KV nor weights in
 cache). Prints per kind the median time of each version, the median of the per-round ratios B/A with
-its quartiles, and whether the outputs agree. Machine noise that moves both cancels in the ratio;
-run it alone.
+its quartiles, and the largest difference between their logits. Machine noise that moves both
+cancels in the ratio; run it alone.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if not sources_exist(args):
+    if not sources_exist(args.a, args.b):
         return 2
     kinds = args.kinds.split(",")
     bad = [k for k in kinds if k not in KINDS]

@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   std::vector<double> times[2], ratios;
   int c = 0;
   for (int i = 0; i < pairs; ++i) {
-    for (int which : (i % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0})) {
+    for (int k = 0; k < 2; ++k) {
+      const int which = (i + k) % 2;  // A first on even pairs, B first on odd
       const auto t0 = std::chrono::steady_clock::now();
       call(which, c, which == 0 ? out_a.data() : out_b.data());
       times[which].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attention_ab import add_source_args, sources_exist
+from attention_ab import add_source_args, parse_cases, sources_exist
 
 from aspire_bench.kernels import cpu_attention, cpu_build
 
@@ -53,15 +53,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     plain_read = str(args.b) == PLAIN_READ
-    if not sources_exist(argparse.Namespace(a=args.a, b=args.a if plain_read else args.b)):
+    if not sources_exist(*([args.a] if plain_read else [args.a, args.b])):
         return 2
-    cases = []
-    for case in args.cases.split(","):
-        n, _, ctx = case.partition("x")
-        if not (n.isdigit() and ctx.rstrip("s").isdigit() and int(n) > 0):
-            print(f"error: case {case!r} is not NxCONTEXT or NxCONTEXTs (e.g. 2x16384, 1x16384s)", file=sys.stderr)
-            return 2
-        cases.append((case, int(n), int(ctx.rstrip("s")), ctx.endswith("s")))
+    try:
+        cases = parse_cases(args.cases, "s")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "kernel_ab"
         try:
@@ -71,8 +69,8 @@ def main(argv=None) -> int:
             return 2
         print(f"A = {args.a}, B = {args.b} ({cpu_attention.vector_width_for(cpu_build.cpuinfo())} floats per "
               f"vector), {args.threads} threads, {args.pairs} pairs per case, {args.copies} copies of the pool")
-        for case, n, ctx, sparse in cases:
-            out = subprocess.run([str(exe), str(n), str(ctx), str(int(sparse)), str(args.copies), str(args.pairs),
+        for case, n, ctx, kind in cases:
+            out = subprocess.run([str(exe), str(n), str(ctx), str(int(kind == "s")), str(args.copies), str(args.pairs),
                                   str(args.threads), str(args.seed)], capture_output=True, text=True, check=True)
             ta, tb, mid, q1, q3, diff = (float(x) for x in out.stdout.split())
             print(f"{case:>10}: A {ta:7.3f} ms  B {tb:7.3f} ms  B/A {mid:.3f} [{q1:.3f}, {q3:.3f}]  "
