@@ -252,7 +252,9 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--task", default="code-completion", show_default=True)
 @click.option("--contexts", default="4k,16k,32k", show_default=True, callback=T.csv_contexts)
 @click.option("--batch-sizes", default="1,8", show_default=True, callback=T.csv_positive_ints)
-@click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True, callback=T.csv_list)
+@click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True,
+              callback=T.decoder_specs,
+              help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035].")
 @click.option("--repeat", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--max-new-tokens", default=128, show_default=True, type=T.POSITIVE)
 @click.option("--sampling", default="greedy,paper", show_default=True,
@@ -292,8 +294,8 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         if not sampling_in_range(s.temperature, s.top_k, s.top_p):
             raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                                      param_hint="--sampling")
-    for d in decoders:
-        get_decoder(d)  # an unknown name fails now, not after the cells before it
+    for name, args in decoders:
+        get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,

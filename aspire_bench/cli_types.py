@@ -103,15 +103,47 @@ def new_output_path(ctx, param, value):
     return value
 
 
-def parse_decoder_args(pairs: tuple[str, ...]) -> dict:
+def parse_decoder_args(pairs: tuple[str, ...], option: str = "--decoder-arg") -> dict:
     from .decoders import parse_value
     out = {}
     for p in pairs:
         k, sep, v = p.partition("=")
         k = k.strip().replace("-", "_")
         if not sep or not k.isidentifier():
-            raise UserError(f"--decoder-arg {p!r} is not of the form key=value (e.g. gamma=4)")
+            raise UserError(f"{option} {p!r} is not of the form key=value (e.g. gamma=4)")
         if k in out:
-            raise UserError(f"--decoder-arg {k} is given twice: keep one")
+            raise UserError(f"{option} {k} is given twice: keep one")
         out[k] = parse_value(v.strip())
     return out
+
+
+def decoder_specs(ctx, param, value) -> list[tuple[str, dict]]:
+    """--decoders: comma-separated decoder names, each optionally with settings in brackets, e.g.
+    `ar,magicdec,magicdec[budget=512],aspire[ratio=0.035,min_pages=16]`, as (name, settings) pairs."""
+    items, depth, start = [], 0, 0
+    text = value or ""
+    for i, ch in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise click.BadParameter(f"unbalanced brackets in {text!r}: write name[key=value,...]")
+        if ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    if depth:
+        raise click.BadParameter(f"unbalanced brackets in {text!r}: write name[key=value,...]")
+    specs = []
+    for item in filter(None, items):
+        name, _, rest = item.partition("[")
+        if rest and not rest.endswith("]") or not name.strip():
+            raise click.BadParameter(f"{item!r} is not a decoder name with optional [key=value,...] settings")
+        pairs = tuple(x for x in rest[:-1].split(",") if x.strip()) if rest else ()
+        try:
+            args = parse_decoder_args(pairs, f"--decoders {name.strip()}[...]:")
+        except UserError as e:
+            raise click.BadParameter(str(e)) from None
+        if (name.strip(), args) in specs:
+            raise click.BadParameter(f"{item!r} is given twice: keep one")
+        specs.append((name.strip(), args))
+    if not specs:
+        raise click.BadParameter("give at least one decoder")
+    return specs

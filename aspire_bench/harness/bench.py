@@ -105,6 +105,11 @@ class BenchRow:
         return self.record.config["decoder"]
 
     @property
+    def given(self) -> dict:
+        """The settings given with the decoder's name in --decoders (none: its defaults)."""
+        return self.record.config.get("decoder_args") or {}
+
+    @property
     def settings(self) -> dict:
         """The decoder settings actually used (tuned gamma included)."""
         return {k: v for k, v in self.record.info.items() if k not in records.INFO_NOT_SETTINGS}
@@ -112,8 +117,9 @@ class BenchRow:
     @property
     def label(self) -> str:
         g = self.settings.get("gamma")
-        return self.decoder + (" tuned" if self.tuned else "") + (f" γ={g}" if g is not None and
-                                                                   self.decoder in TUNE_GRIDS else "")
+        given = f"({', '.join(f'{k}={v}' for k, v in self.given.items())})" if self.given else ""  # as the leaderboard
+        return self.decoder + given + (" tuned" if self.tuned else "") + (
+            f" γ={g}" if g is not None and self.decoder in TUNE_GRIDS and "gamma" not in self.given else "")
 
     def to_json(self) -> dict:
         """One row of `bench --json` (the contract: docs/metrics.md#bench-json)."""
@@ -178,13 +184,21 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     return rows, bandwidth
 
 
-def _entries(decoders, tune: bool) -> list[tuple[str, bool]]:
-    """(decoder, tuned) in run order: each tunable baseline's tuned row right after its default row."""
+def decoder_spec(d) -> tuple[str, tuple]:
+    """A --decoders item, a name or (name, settings), as a hashable (name, sorted settings items)."""
+    name, args = (d, {}) if isinstance(d, str) else d
+    return name, tuple(sorted(args.items()))
+
+
+def _entries(decoders, tune: bool) -> list[tuple[str, tuple, bool]]:
+    """(decoder, settings, tuned) in run order: each tunable baseline's tuned row right after its
+    untuned row, unless its settings fix gamma."""
     out = []
     for d in decoders:
-        out.append((d, False))
-        if tune and d in TUNE_GRIDS:
-            out.append((d, True))
+        name, args = decoder_spec(d)
+        out.append((name, args, False))
+        if tune and name in TUNE_GRIDS and "gamma" not in dict(args):
+            out.append((name, args, True))
     return out
 
 
@@ -195,7 +209,8 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     parity against the cell's AR run."""
     group = records.new_group_id()
     entries = _entries(decoders, tune)
-    prepared = {e: prepare(replace(cell, decoder=e[0], tune=e[1]), engine, show_progress) for e in entries}
+    prepared = {e: prepare(replace(cell, decoder=e[0], decoder_args=dict(e[1]), tune=e[2]), engine, show_progress)
+                for e in entries}
     outputs = {e: [] for e in entries}
     rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
     for i in range(cell.repeat):
@@ -218,7 +233,7 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
         if e[0] == "ar" and ar is None:
             ar = records_of[e]
-    return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[1]) for e in entries]
+    return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[2]) for e in entries]
 
 
 def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
@@ -270,7 +285,8 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
             f["speedup_vs_best_baseline"] = metrics.ratio(samples[id(r)], samples[id(best)])
             f["speedup_vs_best_baseline_ci95"] = _ci(samples[id(r)], samples[id(best)])
         f["allowed_speedup"] = f["bound_share"] = None
-        if spec and costs is not None and r.decoder in DRAFT_KIND:
+        # the cell's step costs are those of each decoder's default view: none for a row given settings
+        if spec and costs is not None and r.decoder in DRAFT_KIND and not r.given:
             allowed = metrics.allowed_speedup([tuple(v) for v in r.record.info.get("verifications", [])],
                                               costs[f"c_{DRAFT_KIND[r.decoder]}"], costs["v_by_gamma"])
             f["allowed_speedup"] = allowed
@@ -307,6 +323,7 @@ def _ms(a: dict, key: str) -> str:
 
 
 def bench_table(rows: list[BenchRow], bandwidth: float):
+    from rich.markup import escape
     from rich.table import Table
     t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s); "
                     "[95% bootstrap interval over requests x repeats]")
@@ -320,7 +337,8 @@ def bench_table(rows: list[BenchRow], bandwidth: float):
         d4 = a.get("distinct4_mean")
         collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
         t.add_row(
-            r.context, str(r.batch_size), r.sampling, r.label, f"{a['n_requests']}x{a.get('repeats', 1)}",
+            r.context, str(r.batch_size), r.sampling, escape(r.label),
+            f"{a['n_requests']}x{a.get('repeats', 1)}",
             f"{tok:,.1f} ({a['decode_tok_s_min']:,.1f}-{a['decode_tok_s_max']:,.1f})" if tok else "—",
             _fmt_ratio(f.get("speedup_vs_ar"), f.get("speedup_vs_ar_ci95")) if r.decoder != "ar" else "1",
             _fmt_ratio(f.get("speedup_vs_best_baseline"), f.get("speedup_vs_best_baseline_ci95")),

@@ -153,6 +153,48 @@ def test_bench_json_contract(random_tiny, tmp_path):
         assert model.source == "adjacent calibration" and model.beta_attn == adjacent[0]["beta_attn"]
 
 
+def test_bench_runs_decoders_with_their_own_settings_side_by_side(random_tiny, tmp_path):
+    """`--decoders` items may carry settings in brackets: each is its own row of the cell (its own
+    config, stored and labelled with them), a baseline given gamma gets no tuned row, and a row whose
+    settings may change its view gets no bound share (the cell's step costs are the default views')."""
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k",
+                                  "--batch-sizes", "2", "--limit", "2", "--repeat", "1", "--sampling", "greedy",
+                                  "--max-new-tokens", "4", "--decoders",
+                                  "ar,magicdec[budget=64],magicdec[gamma=2,budget=32],aspire,aspire[ratio=0.2]",
+                                  "--store", str(tmp_path / "b.db"), "--json", str(out)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    got = [(x["decoder"], x["settings"].get("budget"), x["settings"].get("ratio"), x["tuned"]) for x in rows]
+    assert got == [("ar", None, None, False), ("magicdec", 64, None, False), ("magicdec", 64, None, True),
+                   ("magicdec", 32, None, False), ("aspire", None, 0.07, False), ("aspire", None, 0.2, False)]
+    assert rows[3]["settings"]["gamma"] == 2
+    assert all(x["parity_identical_pct"] == 100.0 for x in rows[1:])
+    assert rows[4]["bound_share"] is not None and all(rows[i]["bound_share"] is None for i in (1, 2, 3, 5))
+    for label in ("magicdec(budget=64) γ=3", "magicdec(budget=64) tuned", "magicdec(budget=32, gamma=2)",
+                  "aspire(ratio=0.2)"):
+        assert label in r.output
+    with Store(tmp_path / "b.db", readonly=True) as st:
+        recs = [st.get_run(i) for i in range(1, 7)]
+    assert [rec.config["decoder_args"] for rec in recs] == [{}, {"budget": 64}, {"budget": 64}, {"budget": 32, "gamma": 2},
+                                                           {}, {"ratio": 0.2}]
+    assert len({rec.group for rec in recs}) == 1 and recs[0].group  # one cell: one group
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("ar,aspire[ratio=0.1", "unbalanced brackets"),
+    ("aspire]", "unbalanced brackets"),
+    ("aspire[ratio]", "is not of the form key=value"),
+    ("aspire[ratio=0.1],aspire[ratio=0.1]", "is given twice"),
+    ("magicdec[budget=64]x", "is not a decoder name"),
+    ("aspire[ratio=7]", "ratio"),
+    ("aspire[nonsense=1]", "nonsense"),
+])
+def test_bench_refuses_a_bad_decoder_spec_in_one_line(random_tiny, spec, message):
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--decoders", spec])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
 def test_bench_rejects_unknown_sampling(random_tiny):
     r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--sampling", "hot"])
     assert r.exit_code != 0 and "unknown sampling setting 'hot'" in r.output
