@@ -19,6 +19,7 @@ Rows timed (all B rows of one kind per forward, as the decoders batch them):
   aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
            refresh layer (num_layers - 2), which attends fully and returns page scores
   window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
+  vegas    1 token, a Vegas-sized token view (5% of C, at least 256 positions, scattered), with --vegas
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 2..G tokens for v)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
@@ -111,7 +112,7 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 
-def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed: int) -> list[dict]:
+def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed: int, kinds=KINDS) -> list[dict]:
     cuda = engine.device.type == "cuda"
     out = []
     for C in contexts:
@@ -119,12 +120,12 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
             res["split"] = {}
             if cuda:
                 return
-            for kind in KINDS:
+            for kind in kinds:
                 s = split(cell, kind, repeats)
                 s["other_ms"] = res["ms"][kind] - s["attention_ms"] - s["matmul_ms"]
                 res["split"][kind] = s
-        res = measure_cell(engine, C, batch, gamma, repeats, seed, KINDS, add_split)
-        for kind in KINDS:
+        res = measure_cell(engine, C, batch, gamma, repeats, seed, kinds, add_split)
+        for kind in kinds:
             print(f"  {C:>6} x{batch} {kind:8s} {res['ms'][kind]:9.2f} ms", flush=True)
         res["bound"] = {str(a): dict(zip(("speedup", "gamma"), best_speedup(res["c_aspire"], res["v_by_gamma"], a)))
                         for a in ACCEPTANCES}
@@ -135,12 +136,14 @@ def measure(engine: Engine, contexts, batch: int, gamma: int, repeats: int, seed
 def print_table(results: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
+    kinds = list(results[0]["ms"]) if results else list(KINDS)
+    drafts = [k for k in ("aspire", "window", "vegas") if k in kinds]
     t = Table(title="step costs: ms per forward of B rows; c = draft / ar, v(g) = verify of g+1 tokens / ar")
-    for col in ("context", *KINDS, "c aspire", "c window", "v(1..G)"):
+    for col in ("context", *kinds, *(f"c {k}" for k in drafts), "v(1..G)"):
         t.add_column(col, justify="right")
     for r in results:
-        t.add_row(str(r["context"]), *(f"{r['ms'][k]:.1f}" for k in KINDS), f"{r['c_aspire']:.3f}",
-                  f"{r['c_window']:.3f}", " ".join(f"{v:.2f}" for g, v in sorted(r["v_by_gamma"].items()) if g))
+        t.add_row(str(r["context"]), *(f"{r['ms'][k]:.1f}" for k in kinds), *(f"{r[f'c_{k}']:.3f}" for k in drafts),
+                  " ".join(f"{v:.2f}" for g, v in sorted(r["v_by_gamma"].items()) if g))
     Console().print(t)
     t = Table(title="best speedup over AR these costs allow (gamma), per-token acceptance a")
     for col in ("context", *(f"a={a}" for a in ACCEPTANCES)):
@@ -152,12 +155,12 @@ def print_table(results: list[dict]) -> None:
     if results and results[0]["split"]:
         t = Table(title="where a step's time goes (ms): attention / matmuls / rest")
         t.add_column("context", justify="right")
-        for k in KINDS:
+        for k in kinds:
             t.add_column(k, justify="right")
         for r in results:
             t.add_row(str(r["context"]), *(
                 f"{r['split'][k]['attention_ms']:.1f} / {r['split'][k]['matmul_ms']:.1f} / "
-                f"{r['split'][k]['other_ms']:.1f}" for k in KINDS))
+                f"{r['split'][k]['other_ms']:.1f}" for k in kinds))
         Console().print(t)
 
 
@@ -176,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall clock, or process CPU time (meaningful at --threads 1 on a shared machine)")
+    ap.add_argument("--vegas", action="store_true", help="also time a Vegas-sized draft (c_vegas)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     if a.clock == "cpu":  # every timer of this process (the harness's too) reads process CPU time
@@ -183,7 +187,8 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     engine = make_engine(a.shape, a.dtype, a.device, a.backend, a.seed, a.dense_backend)
-    results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed)
+    kinds = (*KINDS, "vegas") if a.vegas else KINDS
+    results = measure(engine, [int(c) for c in a.contexts.split(",")], a.batch, a.gamma, a.repeats, a.seed, kinds)
     print_table(results)
     if a.json:
         meta = {"shape": a.shape, "dtype": a.dtype, "clock": a.clock, "device": a.device, "backend": engine.backend.name,

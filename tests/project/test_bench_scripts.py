@@ -135,6 +135,16 @@ def test_step_costs_measures_every_row_kind():
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 
 
+def test_step_costs_times_a_vegas_draft_when_asked(tmp_path, capsys):
+    out = tmp_path / "costs.json"
+    assert step_costs.main(["--contexts", "512", "--batch", "2", "--gamma", "2", "--repeats", "1", "--backend", "torch",
+                            "--vegas", "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert set(r["ms"]) == {*step_costs.KINDS, "vegas"} and r["c_vegas"] == pytest.approx(r["ms"]["vegas"] / r["ms"]["ar"])
+    assert r["kv_positions_per_row"]["vegas"] == 256  # 5% of 512, at least 256
+    assert set(r["split"]["vegas"]) == {"attention_ms", "matmul_ms", "other_ms"} and "vegas" in capsys.readouterr().out
+
+
 def test_host_work_splits_a_runs_steps_by_section(tmp_path, capsys):
     out = tmp_path / "host.json"
     args = ["--threads", "1", "run", "--decoder", "aspire", "--context-len", "1k", "--limit", "2", "--batch-size", "2",
