@@ -74,11 +74,23 @@ def write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # a SIGTERM (a job's timeout, a scheduler) stops as Ctrl-C does: what is done is kept
+
+
 class Main(click.Group):
     def invoke(self, ctx):
+        import signal
         import sqlite3
         try:
+            previous = signal.signal(signal.SIGTERM, _interrupt)
+        except ValueError:  # not the main thread: leave signals alone
+            previous = None
+        try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.secho("interrupted", fg="red", err=True)
+            sys.exit(130)
         except UserError as e:
             click.secho(f"error: {_one_line(e)}", fg="red", err=True)
             sys.exit(2)
@@ -86,6 +98,9 @@ class Main(click.Group):
             click.secho(f"error: the results store cannot be read ({e}): restore it from a backup or pass "
                         "another --store", fg="red", err=True)
             sys.exit(2)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(e: Exception) -> str:

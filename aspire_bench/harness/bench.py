@@ -16,6 +16,7 @@ token and the bandwidth that achieved, against this machine's read bandwidth mea
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -168,17 +169,27 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                 for smp in samplings:
                     cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or max(MIN_REQUESTS, bs),
                                    temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
-                    cell_rows = _cell(engine, cell, decoders, tune, show_progress, percentiles, tolerance,
-                                      calibration_rounds)
+                    cell_rows, interrupted = _cell(engine, cell, decoders, tune, show_progress, percentiles,
+                                                   tolerance, calibration_rounds)
                     for r in cell_rows:
                         r.context, r.sampling = ctx, smp.name
                         add_bandwidth(r.record)
-                    costs = _step_costs(engine, cell, cell_rows) if bound else None
+                    costs = _step_costs(engine, cell, cell_rows) if bound and not interrupted else None
                     derive_figures(cell_rows, costs)
                     if store is not None:
                         for r in cell_rows:
                             save_record(store, r.record)  # a recovery JSONL beside the store if saving fails
                     rows += cell_rows
+                    if interrupted:
+                        kept = cell_rows[0].record.aggregates.get("repeats", 1)
+                        print(f"interrupted: the {ctx} x {bs} {smp.name} cell kept the {kept} of {repeat} repeats "
+                              "every decoder finished", file=sys.stderr)
+                        raise interrupted
+    except KeyboardInterrupt:
+        where = f" in {store}" if store is not None else ""
+        print(f"interrupted: {len(rows)} runs of the finished cells and repeats are stored{where}; the rest did "
+              "not run", file=sys.stderr)
+        raise
     finally:
         engine.prefix_cache = None
     return rows, bandwidth
@@ -213,12 +224,25 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
                 for e in entries}
     outputs = {e: [] for e in entries}
     rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
-    for i in range(cell.repeat):
-        k = i % len(entries)
-        for e in entries[k:] + entries[:k]:
-            outputs[e].append(measure_repeat(prepared[e], i, show_progress))
-            if calibration_rounds:
-                rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
+    try:
+        for i in range(cell.repeat):
+            k = i % len(entries)
+            for e in entries[k:] + entries[:k]:
+                outputs[e].append(measure_repeat(prepared[e], i, show_progress))
+                if calibration_rounds:
+                    rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
+    except KeyboardInterrupt as stop:
+        # Keep the repeats every decoder finished (whole rounds, so the ratios stay side by side); the
+        # caller stores them and stops.
+        done = min(len(o) for o in outputs.values())
+        if not done:
+            raise
+        for o in outputs.values():
+            del o[done:]
+        rounds = {key: r for key, r in rounds.items() if key[1] < done}
+        interrupted = stop
+    else:
+        interrupted = None
     pooled = pooled_calibration(list(rounds.values()), source="interleaved calibration") if rounds else None
     # AR first: greedy rows get parity against the cell's AR run, in the record as it is built.
     records_of, ar = {}, None
@@ -233,7 +257,8 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
         if e[0] == "ar" and ar is None:
             ar = records_of[e]
-    return [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[2]) for e in entries]
+    rows = [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[2]) for e in entries]
+    return rows, interrupted
 
 
 def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:

@@ -181,6 +181,34 @@ def test_bench_runs_decoders_with_their_own_settings_side_by_side(random_tiny, t
     assert len({rec.group for rec in recs}) == 1 and recs[0].group  # one cell: one group
 
 
+def test_an_interrupted_bench_keeps_the_repeats_every_decoder_finished(random_tiny, tmp_path, monkeypatch):
+    """Ctrl-C (or a SIGTERM) during a cell's second round: the first round of every decoder is stored with
+    its figures, the command says so on stderr and exits 130 without a traceback."""
+    from aspire_bench.harness import bench as B
+    real, calls = B.measure_repeat, []
+
+    def measure(p, i, show):
+        calls.append(i)
+        if i == 1 and len(calls) == 4:  # the second round's second run
+            raise KeyboardInterrupt
+        return real(p, i, show)
+
+    monkeypatch.setattr(B, "measure_repeat", measure)
+    db = tmp_path / "b.db"
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k,2k",
+                                  "--batch-sizes", "2", "--limit", "2", "--repeat", "3", "--sampling", "greedy",
+                                  "--max-new-tokens", "4", "--decoders", "ar,magicdec", "--no-tune",
+                                  "--store", str(db)])
+    assert r.exit_code == 130 and "Traceback" not in r.output, r.output
+    assert "kept the 1 of 3 repeats" in r.output and "2 runs of the finished cells and repeats are stored" in r.output
+    with Store(db, readonly=True) as st:
+        recs = [st.get_run(i) for i in (1, 2)]
+        assert st.list_runs() and len(st.list_runs()) == 2  # the 2k cell never ran
+    assert [rec.config["decoder"] for rec in recs] == ["ar", "magicdec"]
+    assert all(rec.aggregates["repeats"] == 1 for rec in recs)
+    assert recs[1].aggregates["speedup_vs_ar"] > 0 and recs[1].aggregates["bound_share"] is None  # no step costs
+
+
 @pytest.mark.parametrize("spec, message", [
     ("ar,aspire[ratio=0.1", "unbalanced brackets"),
     ("aspire]", "unbalanced brackets"),
