@@ -174,7 +174,10 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                     for r in cell_rows:
                         r.context, r.sampling = ctx, smp.name
                         add_bandwidth(r.record)
-                    costs = _step_costs(engine, cell, cell_rows) if bound and not interrupted else None
+                    try:
+                        costs = _step_costs(engine, cell, cell_rows) if bound and not interrupted else None
+                    except KeyboardInterrupt as stop:  # the cell's runs are complete: keep them
+                        costs, interrupted = None, stop
                     derive_figures(cell_rows, costs)
                     if store is not None:
                         for r in cell_rows:
@@ -217,7 +220,8 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
           tolerance: float, calibration_rounds: bool = True) -> list[BenchRow]:
     """Every decoder on one cell's requests, as one group. Repeat i runs the decoders in an order rotated
     by i (drift on a shared machine falls on each in turn) with sampling seed seed + i. Greedy rows get
-    parity against the cell's AR run."""
+    parity against the cell's AR run. Returns (rows, the KeyboardInterrupt that cut the repeats short
+    or None): an interrupted cell keeps the whole rounds every decoder finished."""
     group = records.new_group_id()
     entries = _entries(decoders, tune)
     prepared = {e: prepare(replace(cell, decoder=e[0], decoder_args=dict(e[1]), tune=e[2]), engine, show_progress)

@@ -209,6 +209,24 @@ def test_an_interrupted_bench_keeps_the_repeats_every_decoder_finished(random_ti
     assert recs[1].aggregates["speedup_vs_ar"] > 0 and recs[1].aggregates["bound_share"] is None  # no step costs
 
 
+def test_a_bench_interrupted_while_measuring_step_costs_keeps_the_whole_cell(random_tiny, tmp_path, monkeypatch):
+    from aspire_bench.harness import bench as B
+
+    def stop(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(B, "_step_costs", stop)
+    db = tmp_path / "b.db"
+    with pytest.raises(KeyboardInterrupt):
+        B.bench(str(random_tiny), "needle", ["1k"], [2], ["ar", "magicdec"], repeat=2, max_new_tokens=4,
+                samplings=[B.Sampling(0.0, 0, 1.0)], limit=2, tune=False, store=str(db), show_progress=False,
+                calibration_rounds=False)
+    with Store(db, readonly=True) as st:
+        recs = [st.get_run(s["run_id"]) for s in st.list_runs()]
+    assert len(recs) == 2 and all(rec.aggregates["repeats"] == 2 for rec in recs)
+    assert all(rec.aggregates.get("bound_share") is None for rec in recs)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("ar,aspire[ratio=0.1", "unbalanced brackets"),
     ("aspire]", "unbalanced brackets"),
