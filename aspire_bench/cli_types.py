@@ -3,6 +3,7 @@ one-line usage error (exit 2) naming the option, never clamped or replaced by a 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import click
@@ -117,33 +118,27 @@ def parse_decoder_args(pairs: tuple[str, ...], option: str = "--decoder-arg") ->
     return out
 
 
+_DECODER_SPEC = re.compile(r"\s*([^\[\],\s]+)\s*(?:\[([^\[\]]*)\])?\s*")
+
+
 def decoder_specs(ctx, param, value) -> list[tuple[str, dict]]:
     """--decoders: comma-separated decoder names, each optionally with settings in brackets, e.g.
     `ar,magicdec,magicdec[budget=512],aspire[ratio=0.035,min_pages=16]`, as (name, settings) pairs."""
-    items, depth, start = [], 0, 0
-    text = value or ""
-    for i, ch in enumerate(text + ","):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if depth < 0 or depth > 1:
-            raise click.BadParameter(f"unbalanced brackets in {text!r}: write name[key=value,...]")
-        if ch == "," and depth == 0:
-            items.append(text[start:i].strip())
-            start = i + 1
-    if depth:
-        raise click.BadParameter(f"unbalanced brackets in {text!r}: write name[key=value,...]")
     specs = []
-    for item in filter(None, items):
-        name, _, rest = item.partition("[")
-        if rest and not rest.endswith("]") or not name.strip():
-            raise click.BadParameter(f"{item!r} is not a decoder name with optional [key=value,...] settings")
-        pairs = tuple(x for x in rest[:-1].split(",") if x.strip()) if rest else ()
+    for item in filter(str.strip, re.split(r",(?![^\[]*\])", value or "")):  # commas outside brackets
+        if item.count("[") != item.count("]"):
+            raise click.BadParameter(f"unbalanced brackets in {item.strip()!r}: write name[key=value,...]")
+        m = _DECODER_SPEC.fullmatch(item)
+        if m is None:
+            raise click.BadParameter(f"{item.strip()!r} is not a decoder name with optional [key=value,...] settings")
+        name, settings = m.groups()
         try:
-            args = parse_decoder_args(pairs, f"--decoders {name.strip()}[...]:")
+            args = parse_decoder_args(tuple(filter(str.strip, (settings or "").split(","))), f"--decoders {name}[...]:")
         except UserError as e:
             raise click.BadParameter(str(e)) from None
-        if (name.strip(), args) in specs:
-            raise click.BadParameter(f"{item!r} is given twice: keep one")
-        specs.append((name.strip(), args))
+        if (name, args) in specs:
+            raise click.BadParameter(f"{item.strip()!r} is given twice: keep one")
+        specs.append((name, args))
     if not specs:
         raise click.BadParameter("give at least one decoder")
     return specs

@@ -56,16 +56,27 @@ def sources_exist(*sources: Path) -> bool:
     return True
 
 
-def parse_cases(text: str, kinds: str) -> list[tuple[str, int, int, str]]:
+def add_case_args(ap: argparse.ArgumentParser) -> None:
+    """The options of the A/B kernel scripts besides the two sources."""
+    ap.add_argument("--cases", default="1x16384,1x16384s,2x16384,4x16384,7x16384")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=160)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def parse_cases(text: str, kinds: str) -> list[tuple[str, int, int, str]] | None:
     """(case, tokens per row, context, kind) per comma-separated `NxCONTEXT` with an optional kind
-    suffix from `kinds` ("" for a full row); ValueError naming a case that is not one."""
+    suffix from `kinds` ("" for a full row); None after a one-line error on stderr naming a case that
+    is not one."""
     cases = []
     for case in text.split(","):
         n, _, ctx = case.partition("x")
         kind = ctx[-1:] if ctx[-1:] and ctx[-1:] in kinds else ""
         if not (n.isdigit() and int(n) > 0 and ctx[:len(ctx) - len(kind)].isdigit()):
             examples = ", ".join(["2x16384", *(f"1x16384{k}" for k in kinds)])
-            raise ValueError(f"case {case!r} is not NxCONTEXT with an optional suffix {'/'.join(kinds)} (e.g. {examples})")
+            print(f"error: case {case!r} is not NxCONTEXT with an optional suffix {'/'.join(kinds)} (e.g. {examples})",
+                  file=sys.stderr)
+            return None
         cases.append((case, int(n), int(ctx[:len(ctx) - len(kind)]), kind))
     return cases
 
@@ -93,17 +104,10 @@ def main(argv=None) -> int:
     for which in ("a", "b"):
         ap.add_argument(f"--{which}-width", type=int, choices=(8, 16),
                         help=f"floats per vector for {which.upper()} (default: this machine's; 16 needs AVX-512)")
-    ap.add_argument("--cases", default="1x16384,1x16384s,2x16384,4x16384,7x16384")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pairs", type=int, default=160)
-    ap.add_argument("--seed", type=int, default=0)
+    add_case_args(ap)
     args = ap.parse_args(argv)
-    if not sources_exist(args.a, args.b):
-        return 2
-    try:
-        cases = parse_cases(args.cases, "sc")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cases = parse_cases(args.cases, "sc") if sources_exist(args.a, args.b) else None
+    if cases is None:
         return 2
     torch.set_num_threads(args.threads)
     try:

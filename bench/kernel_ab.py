@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attention_ab import add_source_args, parse_cases, sources_exist
+from attention_ab import add_case_args, add_source_args, parse_cases, sources_exist
 
 from aspire_bench.kernels import cpu_attention, cpu_build
 
@@ -46,19 +46,13 @@ def build(a: Path, b: Path | None, exe: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_source_args(ap)
-    ap.add_argument("--cases", default="1x16384,1x16384s,2x16384,4x16384,7x16384")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pairs", type=int, default=160)
+    add_case_args(ap)
     ap.add_argument("--copies", type=int, default=16, help="copies of the KV pool, read in turn (default 16: none cached)")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     plain_read = str(args.b) == PLAIN_READ
-    if not sources_exist(*([args.a] if plain_read else [args.a, args.b])):
-        return 2
-    try:
-        cases = parse_cases(args.cases, "s")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    sources = [args.a] if plain_read else [args.a, args.b]
+    cases = parse_cases(args.cases, "s") if sources_exist(*sources) else None
+    if cases is None:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "kernel_ab"
