@@ -57,6 +57,18 @@ def model_config(vocab_size: int, eos_id: int, **overrides):
     return Qwen3Config(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=eos_id, **shape)
 
 
+def shape_summary(config) -> str:
+    """What a shape costs in decoding: the KV cache per token (fp32, as loaded on a CPU) and the weights."""
+    kv = config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2 * 4
+    emb = config.vocab_size * config.hidden_size
+    attn = config.hidden_size * config.head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    mlp = 3 * config.hidden_size * config.intermediate_size
+    params = emb + config.num_hidden_layers * (attn + mlp)
+    return (f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, MLP {config.intermediate_size}, "
+            f"{config.num_attention_heads} query / {config.num_key_value_heads} KV heads of {config.head_dim}: "
+            f"KV {kv / 1024:.1f} KiB per token, weights ~{2 * params / 1e6:.1f} MB in bf16")
+
+
 # --- tokenizer -----------------------------------------------------------------------------------
 
 def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int):
@@ -278,6 +290,7 @@ def train_tiny(
     eval_every: int = 0,
     eval_contexts: tuple[int, ...] = (4096,),
     corpus_name: str = "stdlib",
+    tokenizer_from: str | Path | None = None,
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
 
@@ -291,6 +304,8 @@ def train_tiny(
     `eval_every` steps the held-out loss at each of `eval_contexts` is appended to `out_dir/curve.jsonl`
     (as `heldout_loss_<context>`), and the weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
     against tokens afterwards. `corpus_name` picks the training corpus (corpus.training_files).
+    `tokenizer_from` starts a new model with another checkpoint's tokenizer instead of training one,
+    so that held-out losses (nats per token) compare across shapes.
     """
     import transformers
     from transformers import GenerationConfig, Qwen3ForCausalLM
@@ -308,11 +323,11 @@ def train_tiny(
     t0 = time.time()
 
     files = corpus.training_files(corpus_name) if files is None else files
-    if init_from is None:
+    if init_from is None and tokenizer_from is None:
         tok = train_tokenizer(files, s.vocab_size)
-    else:  # continue training a checkpoint of this script: same tokenizer, its weights
+    else:  # a checkpoint of this script's tokenizer (and, continuing it, its weights)
         from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(str(Path(init_from) / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(Path(init_from or tokenizer_from) / "tokenizer.json"))
     streams = package_streams(files, encode_files(tok, files))
     eos_id = tok.token_to_id(EOS)
     if init_from is None:
@@ -322,6 +337,7 @@ def train_tiny(
         model = Qwen3ForCausalLM.from_pretrained(str(init_from), dtype=torch.float32,
                                                  attn_implementation="sdpa").to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    print(f"shape {shape_summary(model.config)}", flush=True)
     print(f"params {n_params:,}  corpus {len(files)} files  "
           f"{sum(len(d) for v in streams.values() for d in v):,} tokens  ({time.time() - t0:.0f}s)", flush=True)
 
@@ -407,6 +423,7 @@ def train_tiny(
         "budget_minutes": minutes,
         "settings": asdict(s),
         "params": n_params,
+        "tokenizer_from": None if tokenizer_from is None else str(tokenizer_from),
         "tokens_seen": tokens_seen + (previous["tokens_seen"] if previous else 0),  # over the whole chain
         "tokens_seen_this_run": tokens_seen,
         "train_wall_s": round(time.time() - t_train, 1),
@@ -461,7 +478,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="append the held-out loss to OUT/curve.jsonl every N steps (learning curve)")
     ap.add_argument("--eval-contexts", default="4096",
                     help="comma-separated contexts at which --eval-every scores the held-out loss")
+    ap.add_argument("--hidden-size", type=int, default=None,
+                    help="a new model's hidden size (default 128); decoding reads it once per step")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="a new model's MLP width (default 384); costs weights, not KV cache")
+    ap.add_argument("--tokenizer-from", default=None,
+                    help="start a new model with this checkpoint's tokenizer instead of training one "
+                         "(held-out losses then compare with that checkpoint's)")
     args = ap.parse_args(argv)
+    shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size))
+             if v is not None}
+    if any(v <= 0 for v in shape.values()):
+        ap.error("--hidden-size and --intermediate-size must be positive")
+    if args.init_from and (shape or args.tokenizer_from):
+        ap.error("--init-from continues a checkpoint with its own shape and tokenizer: "
+                 "drop --hidden-size/--intermediate-size/--tokenizer-from, or --init-from")
+    if args.tokenizer_from and not (Path(args.tokenizer_from) / "tokenizer.json").is_file():
+        ap.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json there (give a checkpoint directory, "
+                 "e.g. aspire_bench/assets/tiny)")
     try:
         long_lens = tuple(int(x) for x in args.long_lens.split(","))
     except ValueError:
@@ -485,11 +519,11 @@ def main(argv: list[str] | None = None) -> int:
                    files=corpus.list_files("train")[:40], eval_tokens=2048, command=command)
     else:
         settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps, long_fraction=args.long_fraction,
-                                 long_lens=long_lens)
+                                 long_lens=long_lens, model=shape)
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
                    threads=args.threads, command=command, init_from=args.init_from, settings=settings,
                    checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, eval_contexts=eval_contexts,
-                   corpus_name=args.corpus)
+                   corpus_name=args.corpus, tokenizer_from=args.tokenizer_from)
     return 0
 
 

@@ -68,6 +68,21 @@ def test_eval_points_keep_loadable_snapshots(tmp_path):
     assert (tmp_path / "curve" / "step_4" / "tokenizer.json").is_file()
 
 
+def test_a_new_shape_can_start_from_another_checkpoints_tokenizer(tmp_path):
+    files = corpus.list_files("train")[:4]
+    train_tiny(tmp_path / "a", max_steps=2, settings=_small_settings(), files=files, eval_tokens=0, log_every=100)
+    wider = _small_settings()
+    wider.model = wider.model | {"hidden_size": 96, "intermediate_size": 192}
+    record = train_tiny(tmp_path / "b", max_steps=2, settings=wider, files=files, eval_tokens=0, log_every=100,
+                        tokenizer_from=tmp_path / "a")
+    assert record["tokenizer_from"] == str(tmp_path / "a") and record["continued_from"] is None
+    from tokenizers import Tokenizer
+    a, b = (Tokenizer.from_file(str(tmp_path / d / "tokenizer.json")) for d in ("a", "b"))
+    assert a.get_vocab() == b.get_vocab()  # the same tokens, so losses in nats per token compare
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert (config["hidden_size"], config["intermediate_size"]) == (96, 192)
+
+
 def test_python_corpus_adds_site_packages_but_never_heldout_code(monkeypatch):
     files = corpus.site_files(("click",))
     assert files and all(f.relpath.startswith("site/click/") and f.package == "site/click" for f in files)
@@ -193,6 +208,9 @@ def test_learning_curve_extrapolation_solves_its_fits():
     (["--long-lens", "4096,x"], "--long-lens takes comma-separated integers"),
     (["--eval-contexts", "4k"], "--eval-contexts takes comma-separated integers"),
     (["--eval-contexts", "4096,1"], "--eval-contexts entries must be at least 2 tokens"),
+    (["--hidden-size", "0"], "--hidden-size and --intermediate-size must be positive"),
+    (["--init-from", str(TINY_DIR), "--intermediate-size", "768"], "--init-from continues a checkpoint"),
+    (["--tokenizer-from", "."], "--tokenizer-from .: no tokenizer.json there"),
 ])
 def test_train_tiny_refuses_bad_lists_in_one_line(tmp_path, capsys, args, message):
     from aspire_bench.tinymodel.train import main
