@@ -59,14 +59,15 @@ def model_config(vocab_size: int, eos_id: int, **overrides):
 
 def shape_summary(config) -> str:
     """What a shape costs in decoding: the KV cache per token (fp32, as loaded on a CPU) and the weights."""
-    kv = config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2 * 4
-    emb = config.vocab_size * config.hidden_size
-    attn = config.hidden_size * config.head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    mlp = 3 * config.hidden_size * config.intermediate_size
-    params = emb + config.num_hidden_layers * (attn + mlp)
-    return (f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, MLP {config.intermediate_size}, "
-            f"{config.num_attention_heads} query / {config.num_key_value_heads} KV heads of {config.head_dim}: "
-            f"KV {kv / 1024:.1f} KiB per token, weights ~{2 * params / 1e6:.1f} MB in bf16")
+    from ..simulator.costs import ModelShape
+
+    shape = ModelShape("new", config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                       config.num_key_value_heads, config.head_dim, config.intermediate_size, config.vocab_size,
+                       config.tie_word_embeddings, "float32")
+    return (f"{shape.layers} layers, hidden {shape.hidden}, MLP {shape.intermediate}, "
+            f"{shape.heads} query / {shape.kv_heads} KV heads of {shape.head_dim}: "
+            f"KV {shape.kv_bytes_per_position / 1024:.1f} KiB per token, weights ~{2 * shape.weight_params / 1e6:.1f} MB "
+            "in bf16")
 
 
 # --- tokenizer -----------------------------------------------------------------------------------

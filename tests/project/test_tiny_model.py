@@ -68,7 +68,7 @@ def test_eval_points_keep_loadable_snapshots(tmp_path):
     assert (tmp_path / "curve" / "step_4" / "tokenizer.json").is_file()
 
 
-def test_a_new_shape_can_start_from_another_checkpoints_tokenizer(tmp_path):
+def test_a_new_shape_can_start_from_another_checkpoints_tokenizer(tmp_path, capsys):
     files = corpus.list_files("train")[:4]
     train_tiny(tmp_path / "a", max_steps=2, settings=_small_settings(), files=files, eval_tokens=0, log_every=100)
     wider = _small_settings()
@@ -81,6 +81,8 @@ def test_a_new_shape_can_start_from_another_checkpoints_tokenizer(tmp_path):
     assert a.get_vocab() == b.get_vocab()  # the same tokens, so losses in nats per token compare
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert (config["hidden_size"], config["intermediate_size"]) == (96, 192)
+    # 2 layers x 2 KV heads x 32 dims x (K, V) x 4 bytes
+    assert "2 layers, hidden 96, MLP 192, 4 query / 2 KV heads of 32: KV 1.0 KiB per token" in capsys.readouterr().out
 
 
 def test_python_corpus_adds_site_packages_but_never_heldout_code(monkeypatch):
