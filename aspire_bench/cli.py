@@ -376,7 +376,7 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
     click.echo(f"step time = {res['beta0'] * 1e3:.3f} ms + {res['beta_tok'] * 1e6:.2f} us/token + "
                f"{res['beta_attn'] * 1e9:.3f} ns/KV position read + "
                f"{res['beta_qk'] * 1e9:.3f} ns/(query x KV position)"
-               + (f" beyond a row's first {res['qk_free']} queries" if res["beta_qk"] and res["qk_free"] else "")
+               + (f" beyond a row's first {res['qk_free']} tokens" if res["beta_qk"] and res["qk_free"] else "")
                + ("" if res["beta_qk"] else " (query x KV term not significant)")
                + (f" + {res['beta_multi'] * 1e9:.3f} ns/KV position read by a row of more than {res['qk_free']} "
                   "tokens" if res.get("beta_multi") else "")

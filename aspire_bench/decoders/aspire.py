@@ -81,9 +81,10 @@ class AspirePolicy(Policy):
         self._assumed: list[int | None] = []  # per plan of the current step: a draft's scattered bound
 
     @classmethod
-    def for_run(cls, settings, engine, batch_size):
+    def for_run(cls, settings, engine, batch_size, requests=()):
         return cls(settings, engine.page_size, engine.cfg.num_layers,
-                   run_cost_model(settings.calibration, settings.cost_terms, settings.d_max, engine, batch_size))
+                   run_cost_model(settings.calibration, settings.cost_terms, settings.d_max, engine, batch_size,
+                                  [len(r.prompt_ids) for r in requests]))
 
     def new_state(self):
         return AspireState(alpha=self.settings.alpha0, target=self.settings.gamma_init)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import random
 import statistics
@@ -39,8 +40,8 @@ from .selection import (
 )
 from .speculative import accept_sampling
 
-# Calibrating at a moderate context keeps its one-off cost to seconds; the model is linear in the KV
-# positions read, so the fit carries to longer contexts.
+# The shortest context a run's automatic calibration is timed at: shorter steps are mostly fixed cost,
+# and the grid at 4k takes seconds.
 CALIBRATION_CONTEXT = 4096
 # The grid's window rows: MagicDec's default sink + window view (sinks, positions in all).
 WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
@@ -69,16 +70,29 @@ def engine_code_hash() -> str:
     return h.hexdigest()[:8]
 
 
-def calibration_key(engine: Engine, batch_size: int) -> str:
+def calibration_context(prompt_lens: list[int], engine: Engine, d_max: int) -> int:
+    """The context a run's automatic calibration is timed at: its requests' median prompt length to the
+    nearest power of two, at least CALIBRATION_CONTEXT, at most what the engine holds with d_max drafts.
+
+    Why not one context for all runs: on a CPU what a step costs per KV position, and what a
+    verification's extra queries add to it, change with the length and with the machine's memory
+    state; a fit timed at 4k priced a verification of 3 drafts at 16k like one of 1 (measured: 1.60
+    against 1.03 AR steps), and the scheduler drafted three where one paid best."""
+    median = statistics.median(prompt_lens) if prompt_lens else CALIBRATION_CONTEXT
+    nearest = 2 ** round(math.log2(max(1.0, median)))
+    return min(max(CALIBRATION_CONTEXT, nearest), engine.max_context - d_max - engine.page_size - 1)
+
+
+def calibration_key(engine: Engine, batch_size: int, context: int) -> str:
     safe = "".join(ch if ch.isalnum() else "_" for ch in str(engine.name))[-60:]
     dtype = str(engine.dtype).replace("torch.", "")
     # The attention and dense backends both set the step costs: a faster dense path is another machine.
     return (f"{safe}-{engine.device.type}-{dtype}-{engine.backend.name}-{engine.dense_backend}"
-            f"-p{engine.page_size}-b{batch_size}-{engine_code_hash()}")
+            f"-p{engine.page_size}-b{batch_size}-c{context}-{engine_code_hash()}")
 
 
-def calibration_path(engine: Engine, batch_size: int) -> Path:
-    return calibration_dir() / (calibration_key(engine, batch_size) + ".json")
+def calibration_path(engine: Engine, batch_size: int, context: int) -> Path:
+    return calibration_dir() / (calibration_key(engine, batch_size, context) + ".json")
 
 
 def last_level_cache_bytes(device: torch.device) -> int:
@@ -284,8 +298,9 @@ def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
 
 
 def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | None = None) -> Path:
-    """Written atomically (a temporary file renamed), so a reader never sees half a calibration."""
-    path = out or calibration_path(engine, batch_size)
+    """Written atomically (a temporary file renamed), so a reader never sees half a calibration. By
+    default where a run at the calibration's context looks for it."""
+    path = out or calibration_path(engine, batch_size, result["context"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type,
@@ -305,11 +320,13 @@ def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> Cost
     return model if terms == "auto" else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
 
 
-def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int) -> CostModel:
+def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int,
+                   prompt_lens: list[int] = ()) -> CostModel:
     """The cost model of a run, fixed for the whole run unless calibration=online.
 
     none: the fixed default. auto: this machine's stored calibration for the same model, device,
-    dtype, backend, page size and batch size, measured once now (and stored) when there is none.
+    dtype, backend, page size, batch size and context (calibration_context of the run's prompt
+    lengths), measured once now (and stored) when there is none.
     FILE: that calibration, replayed. online: the default, refitted from the run's own steps.
     A fit that fails the quality check is rejected with a warning for the default.
     """
@@ -318,9 +335,9 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     if calibration == "online":
         return DEFAULT_COST
     if calibration == "auto":
-        path = calibration_path(engine, batch_size)
+        context = calibration_context(list(prompt_lens), engine, d_max)
+        path = calibration_path(engine, batch_size, context)
         if not path.exists():
-            context = min(CALIBRATION_CONTEXT, engine.max_context - d_max - engine.page_size - 1)
             # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
             # does not move it (the median of 2 is their mean, which it moves by half)
             save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)

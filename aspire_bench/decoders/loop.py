@@ -70,7 +70,7 @@ class Policy:
         self.settings, self.page_size, self.num_layers = settings, page_size, num_layers
 
     @classmethod
-    def for_run(cls, settings, engine: Engine, batch_size: int) -> Policy:
+    def for_run(cls, settings, engine: Engine, batch_size: int, requests: Seq[Request] = ()) -> Policy:
         return cls(settings, engine.page_size, engine.cfg.num_layers)
 
     def new_state(self):
@@ -274,7 +274,7 @@ class Decoder:
         if batch_size < 1:
             raise ConfigError("--batch-size must be at least 1")
         _check(engine, requests)
-        policy = self.Policy.for_run(self.config, engine, batch_size)
+        policy = self.Policy.for_run(self.config, engine, batch_size, requests)
         # Equal slots of the longest request's size: any freed slot fits any waiting request, so
         # continuous batching never fragments the pool.
         ps = engine.page_size

@@ -14,7 +14,7 @@ import torch
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
 from aspire_bench.decoders.base import RowTrace, StepTrace
-from aspire_bench.decoders.calibration import calibration_path
+from aspire_bench.decoders.calibration import calibration_context, calibration_path
 from aspire_bench.decoders.scheduler import (
     MIN_R2,
     CostModel,
@@ -264,12 +264,13 @@ def test_fit_quality_check():
 
 
 def test_auto_calibration_is_measured_once_stored_and_replayed(engine):
-    path = calibration_path(engine, 2)
+    path = calibration_path(engine, 2, calibration_context([len(r.prompt_ids) for r in requests()], engine, 16))
     path.unlink(missing_ok=True)
     first = get_decoder("aspire", **SPARSE).generate(engine, requests(), SamplingParams(), 2)
     assert path.exists()
     stored = json.loads(path.read_text())
     assert len(stored["samples"]) == stored["n_samples"] > 0 and stored["backend"] == engine.backend.name
+    assert f"-c{stored['context']}-" in path.name
     mtime = path.stat().st_mtime_ns
     second = get_decoder("aspire", **SPARSE).generate(engine, requests(), SamplingParams(), 2)
     assert path.stat().st_mtime_ns == mtime  # reused, not measured again
@@ -311,6 +312,21 @@ def test_identical_invocations_give_identical_tokens(engine, name, temperature):
     assert [r.verifications for r in outs[0].results] == [r.verifications for r in outs[1].results]
 
 
+def test_a_run_is_calibrated_at_its_own_context():
+    """The median prompt length to the nearest power of two, never below 4k (a step there is mostly
+    fixed cost), never beyond what the engine holds with d_max drafts."""
+    from types import SimpleNamespace
+    tiny = SimpleNamespace(max_context=40960, page_size=16)
+    assert calibration_context([300, 500, 2000], tiny, 16) == 4096
+    assert calibration_context([16384] * 8, tiny, 16) == 16384
+    assert calibration_context([12000, 13000, 30000], tiny, 16) == 16384  # the median's nearest: 2^13.7
+    assert calibration_context([24000, 32768, 40000], tiny, 16) == 32768
+    assert calibration_context([], tiny, 16) == 4096
+    short = SimpleNamespace(max_context=32768, page_size=16)
+    assert calibration_context([32768], short, 16) == 32768 - 16 - 16 - 1  # room for the drafts and a page
+    assert calibration_context([100], SimpleNamespace(max_context=2048, page_size=16), 16) == 2048 - 33
+
+
 def test_calibrations_live_in_the_kernel_cache_unless_told_otherwise(monkeypatch, tmp_path):
     """Without $ASPIRE_BENCH_CALIBRATION_DIR (the tests set it) calibrations go under the per-machine
     cache the kernels use: the path a user's first aspire run takes."""
@@ -324,10 +340,11 @@ def test_calibrations_live_in_the_kernel_cache_unless_told_otherwise(monkeypatch
 
 def test_a_calibration_belongs_to_one_attention_backend_and_one_dense_path(engine, monkeypatch):
     from aspire_bench.decoders.calibration import calibration_key
-    key = calibration_key(engine, 8)
-    assert engine.backend.name in key and engine.dense_backend in key and "-b8-" in key
+    key = calibration_key(engine, 8, 4096)
+    assert engine.backend.name in key and engine.dense_backend in key and "-b8-c4096-" in key
+    assert calibration_key(engine, 8, 16384) != key  # timed at another context: another fit
     monkeypatch.setattr(engine, "dense_backend", "eager" if engine.dense_backend != "eager" else "fused")
-    assert calibration_key(engine, 8) != key  # step costs measured with another dense path are not reused
+    assert calibration_key(engine, 8, 4096) != key  # step costs measured with another dense path are not reused
 
 
 def test_a_calibration_belongs_to_one_version_of_the_engine_and_kernel_code(engine, tmp_path, monkeypatch):
@@ -341,12 +358,12 @@ def test_a_calibration_belongs_to_one_version_of_the_engine_and_kernel_code(engi
         shutil.copytree(pkg / sub, copy / sub, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(calibration, "__file__", str(copy / "decoders" / "calibration.py"))
     calibration.engine_code_hash.cache_clear()
-    before = calibration.calibration_key(engine, 8)
-    assert before == calibration.calibration_key(engine, 8)
+    before = calibration.calibration_key(engine, 8, 4096)
+    assert before == calibration.calibration_key(engine, 8, 4096)
     kernel = next((copy / "kernels").rglob("*.cpp"))
     kernel.write_text(kernel.read_text() + "\n// changed\n")
     calibration.engine_code_hash.cache_clear()
-    assert calibration.calibration_key(engine, 8) != before  # timed with other kernels: recalibrated
+    assert calibration.calibration_key(engine, 8, 4096) != before  # timed with other kernels: recalibrated
     calibration.engine_code_hash.cache_clear()
 
 
