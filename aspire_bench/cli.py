@@ -356,7 +356,8 @@ def decoders_command():
 @model_options
 @click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE)
 @click.option("--context-len", default=4096, show_default=True, type=TokenCount(),
-              help="Context of each request in tokens (4096 or 4k).")
+              help="Context of each request in tokens (4096 or 4k). An aspire run uses the fit taken at "
+                   "its median prompt length to the nearest power of two (at least 4k).")
 @click.option("--repeats", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
               help="Where to save the fit (default: the cache aspire looks in).")

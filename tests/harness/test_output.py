@@ -142,6 +142,17 @@ def test_small_cli_things():
     assert "auto" in cli("run", "--help").output  # --dtype auto
 
 
+def test_calibrate_saves_where_a_run_of_its_context_looks(random_tiny):
+    """Without --out the fit goes to the cache under the key an aspire run of prompts that long uses."""
+    from aspire_bench.decoders.calibration import calibration_context, calibration_path
+    from aspire_bench.harness.runner import load_engine
+    r = cli("calibrate", "--model", str(random_tiny), "--context-len", "4k", "--batch-size", "2", "--repeats", "1")
+    assert r.exit_code == 0, r.output
+    engine = load_engine(str(random_tiny), "float32", "cpu", "auto")
+    path = calibration_path(engine, 2, calibration_context([4000, 4100], engine, 16))
+    assert f"saved {path}" in r.output and json.loads(path.read_text())["context"] == 4096
+
+
 def test_calibrate_reports_and_saves_every_term(random_tiny, tmp_path):
     out = tmp_path / "cal.json"
     r = cli("calibrate", "--model", str(random_tiny), "--context-len", "512", "--batch-size", "2",
