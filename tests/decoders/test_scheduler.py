@@ -312,6 +312,21 @@ def test_identical_invocations_give_identical_tokens(engine, name, temperature):
     assert [r.verifications for r in outs[0].results] == [r.verifications for r in outs[1].results]
 
 
+def test_auto_calibration_is_timed_at_the_runs_prompt_length(engine, monkeypatch):
+    """The run's prompts (200-350 tokens, median 275) set the calibration's context, 256, once the floor
+    is below them; without them it would be the floor."""
+    from aspire_bench.decoders import calibration
+    monkeypatch.setattr(calibration, "CALIBRATION_CONTEXT", 128)
+    path = calibration_path(engine, 2, 256)
+    path.unlink(missing_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a toy model's fit may be rejected: where it was timed is the point
+        out = get_decoder("aspire", **SPARSE).generate(engine, requests(), SamplingParams(), 2)
+    assert json.loads(path.read_text())["context"] == 256
+    assert path.name in out.info["cost_model"]["source"]
+    assert not calibration_path(engine, 2, 128).exists()
+
+
 def test_a_run_is_calibrated_at_its_own_context():
     """The median prompt length to the nearest power of two, never below 4k (a step there is mostly
     fixed cost), never beyond what the engine holds with d_max drafts."""
