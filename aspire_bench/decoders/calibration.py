@@ -15,6 +15,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 import warnings
 from dataclasses import replace
@@ -338,6 +339,9 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
         context = calibration_context(list(prompt_lens), engine, d_max)
         path = calibration_path(engine, batch_size, context)
         if not path.exists():
+            # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
+            print(f"aspire: timing this machine's step costs at {context} tokens, batch {batch_size} "
+                  f"(once; stored in {path})", file=sys.stderr, flush=True)
             # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
             # does not move it (the median of 2 is their mean, which it moves by half)
             save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)

@@ -312,7 +312,7 @@ def test_identical_invocations_give_identical_tokens(engine, name, temperature):
     assert [r.verifications for r in outs[0].results] == [r.verifications for r in outs[1].results]
 
 
-def test_auto_calibration_is_timed_at_the_runs_prompt_length(engine, monkeypatch):
+def test_auto_calibration_is_timed_at_the_runs_prompt_length(engine, monkeypatch, capsys):
     """The run's prompts (200-350 tokens, median 275) set the calibration's context, 256, once the floor
     is below them; without them it would be the floor."""
     from aspire_bench.decoders import calibration
@@ -325,6 +325,11 @@ def test_auto_calibration_is_timed_at_the_runs_prompt_length(engine, monkeypatch
     assert json.loads(path.read_text())["context"] == 256
     assert path.name in out.info["cost_model"]["source"]
     assert not calibration_path(engine, 2, 128).exists()
+    assert "timing this machine's step costs at 256 tokens, batch 2" in capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        get_decoder("aspire", **SPARSE).generate(engine, requests(), SamplingParams(), 2)
+    assert "timing" not in capsys.readouterr().err  # stored: said once
 
 
 def test_a_run_is_calibrated_at_its_own_context():
