@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def engine_code_hash() -> str:
     return h.hexdigest()[:8]
 
 
-def calibration_context(prompt_lens: list[int], engine: Engine, d_max: int) -> int:
+def calibration_context(prompt_lens: Sequence[int], engine: Engine, d_max: int) -> int:
     """The context a run's automatic calibration is timed at: its requests' median prompt length to the
     nearest power of two, at least CALIBRATION_CONTEXT, at most what the engine holds with d_max drafts.
 
@@ -322,7 +323,7 @@ def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> Cost
 
 
 def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int,
-                   prompt_lens: list[int] = ()) -> CostModel:
+                   prompt_lens: Sequence[int] = ()) -> CostModel:
     """The cost model of a run, fixed for the whole run unless calibration=online.
 
     none: the fixed default. auto: this machine's stored calibration for the same model, device,
@@ -336,7 +337,7 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     if calibration == "online":
         return DEFAULT_COST
     if calibration == "auto":
-        context = calibration_context(list(prompt_lens), engine, d_max)
+        context = calibration_context(prompt_lens, engine, d_max)
         path = calibration_path(engine, batch_size, context)
         if not path.exists():
             # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
