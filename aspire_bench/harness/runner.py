@@ -185,7 +185,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
     output = outputs[traced_repeat(outputs)]
 
-    parity = None
+    parity = ar_run = None
     if cfg.parity or ar is not None:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
@@ -195,6 +195,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
                 ref = output if cfg.decoder == "ar" else generate("ar", {}, engine, reqs, params, cfg.batch_size,
                                                                    "parity (ar)", show_progress)
             ar = ref.results
+            ar_run = ref if ref is not output else None
         tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance
         parity = against_ar(output.results, ar, tolerance, engine.dtype)
     tok = engine.tokenizer
@@ -206,10 +207,21 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
                                  records.capture_environment(), texts=texts, scores=scores, parity=parity,
                                  repeats=outputs, info=p.info, backend=engine.backend.name, sweep=sweep, tag=tag,
                                  group=group, percentiles=percentiles)
+    if ar_run is not None:
+        record.aggregates.update(speedup_over(output, ar_run))
     run_id = None
     if store is not None:
         run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
     return RunResult(run_id, record)
+
+
+def speedup_over(output: GenerationOutput, ar: GenerationOutput) -> dict:
+    """`speedup_vs_ar` and its 95% interval (`_ci95_low`, `_ci95_high`) of a run over the AR run of the
+    same requests in the same invocation (--parity's reference), as bench computes them per cell."""
+    num, den = metrics.request_decode_times(output), metrics.request_decode_times(ar)
+    ci = metrics.ratio_ci(num, den) or (None, None)
+    return {"speedup_vs_ar": metrics.ratio(num, den), "speedup_vs_ar_ci95_low": ci[0],
+            "speedup_vs_ar_ci95_high": ci[1]}
 
 
 def _until_eos(ids: list[int], eos: set[int]) -> list[int]:

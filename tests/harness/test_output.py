@@ -89,8 +89,10 @@ def test_piped_tables_print_whole_as_markdown(store):
     header = next(line for line in lines if line.startswith("| id |"))
     assert "| context | batch |" in header and "…" not in r.output
     assert any(line.startswith("| 2 |") and "| aspire |" in line and "| 16k | 8 |" in line for line in lines)
-    wide = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store, "--format", "table"])
+    wide = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store, "--format", "table",
+                                                               "--columns", "all"])
     assert "…" not in wide.output and "nightly" in wide.output and "16k" in wide.output
+    assert "2.00x" in wide.output and "3.00x" in wide.output  # over the group's AR run
 
 
 def test_json_format_parses(store):
@@ -115,7 +117,7 @@ def test_summary_speedup_uses_the_groups_ar_run(store):
         recs = [s.get_run(i) for i in (1, 2, 3)]
     t = tables.summary_table([recs[1]], baselines=[recs[0]])
     headers, rows = tables.table_data(t)
-    assert rows[0][headers.index("speedup vs AR")] == "2.00x" and rows[0][headers.index("batch")] == "8"
+    assert rows[0][headers.index("× AR")] == "2.00x" and rows[0][headers.index("batch")] == "8"
     other = make_record(9, "aspire", group="elsewhere")
     assert tables.table_data(tables.summary_table([other], baselines=[recs[0]]))[1][0][3] == "—"
 
