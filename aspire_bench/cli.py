@@ -215,7 +215,9 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
     decoder_args = parse_decoder_args(decoder_args)
     # Checks that need no model (run() repeats them for API callers), before torch is even imported.
     check_store_path(store)
-    if data is not None and not get_task(task).reads_data:
+    from .harness.tables import summary_table
+    summary_table([], columns=columns)  # an unknown --columns name fails now, not after the run
+    if not get_task(task).reads_data and data is not None:
         raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
                                  param_hint="--data")
     from rich.markup import escape
@@ -344,6 +346,9 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
         get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
+    bench_table([], 0.0, columns)  # so is a bad --columns
+    from .tasks import get_task
+    get_task(task)
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,

@@ -353,7 +353,7 @@ def _ms(a: dict, key: str) -> str:
 
 # The compact view of `bench`: the cell, the row, its ratios and what explains them.
 BENCH_DEFAULT = ("context", "batch", "sampling", "decoder", "speedup_vs_ar", "speedup_vs_best_baseline",
-                 "decode_tok_s", "mean_accepted_len", "draft_acceptance_rate", "tpot_p50_s", "parity_identical_pct",
+                 "bound_share", "decode_tok_s", "mean_accepted_len", "draft_acceptance_rate", "tpot_p50_s", "parity_identical_pct",
                  "score_mean")
 
 

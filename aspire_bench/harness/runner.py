@@ -68,10 +68,11 @@ class RunConfig:
         return d
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     run_id: int | None
     record: records.RunRecord
+    store: str | None = None  # where the run was stored (None: not stored)
 
     @property
     def aggregates(self) -> dict:
@@ -79,6 +80,19 @@ class RunResult:
 
     def __getitem__(self, key):
         return self.record.aggregates[key]
+
+    def __repr__(self) -> str:
+        """One line: the run's identity, its headline figures, where it is stored."""
+        c, a = self.record.config, self.record.aggregates
+        figures = ", ".join(f"{k}={a[k]:.4g}" for k in REPR_FIGURES if isinstance(a.get(k), (int, float)))
+        return (f"RunResult(run_id={self.run_id}, store={self.store!r}, decoder={c.get('decoder')!r}, "
+                f"task={c.get('task')!r}, context_len={c.get('context_len')!r}, batch_size={c.get('batch_size')}, "
+                f"status={self.record.status!r}{', ' + figures if figures else ''})")
+
+
+# The figures a RunResult's repr shows (all are in .aggregates).
+REPR_FIGURES = ("decode_tok_s", "speedup_vs_ar", "mean_accepted_len", "draft_acceptance_rate", "tpot_median_s",
+                "parity_identical_pct", "score_mean")
 
 
 def load_engine(model: str, dtype: str, device: str, attention_backend: str,
@@ -212,7 +226,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     run_id = None
     if store is not None:
         run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
-    return RunResult(run_id, record)
+    return RunResult(run_id, record, None if store is None else str(store))
 
 
 def speedup_over(output: GenerationOutput, ar: GenerationOutput) -> dict:
@@ -236,7 +250,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     cfg = cfg or RunConfig()
     for k, v in overrides.items():
         if not hasattr(cfg, k):
-            raise ConfigError(f"unknown run option {k!r}")
+            from ..errors import did_you_mean
+            raise ConfigError(f"unknown run option {k!r}{did_you_mean(k, list(RunConfig.__dataclass_fields__))}")
         setattr(cfg, k, v)
     if store is not None:
         check_store_path(store)  # a bad --store fails now, not after the compute

@@ -27,6 +27,8 @@ def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run, column
     check_sweep_file(sweep_file)  # before the heavy imports below: a bad file fails at once
     from .sweep import load_sweep, run_sweep
     sw = load_sweep(sweep_file)
+    from .tables import summary_table
+    summary_table([], columns=columns)  # an unknown --columns name fails before the sweep runs
     if dry_run:
         for cell in sw.cells:
             click.echo(f"{cell.index:4d}  {cell.label()}  {cell.config_hash[:12]}")

@@ -165,21 +165,30 @@ def _fits(t: Table, console: Console) -> bool:
 
 def fit(t: Table, console: Console) -> list[Table]:
     """`t` as one table when it fits the console's width, else as parts of consecutive columns, each
-    repeating the first `t.key_columns` columns (what names a row). Folding columns (long free text)
-    wrap inside their width instead."""
+    repeating the first `t.key_columns` columns (what names a row). A part too wide even so drops the
+    key columns that are the same in every row, then others from the front. Folding columns (long
+    free text) wrap inside their width instead."""
     if _fits(t, console) or len(t.columns) < 2:
         return [t]
-    keys = getattr(t, "key_columns", 1)
+    n_keys = getattr(t, "key_columns", 1)
+    keys = list(range(n_keys))
     parts, current = [], []
-    for i in range(keys, len(t.columns)):
-        if current and not _fits(_subtable(t, [*range(keys), *current, i], False), console):
+    for i in range(n_keys, len(t.columns)):
+        if current and not _fits(_subtable(t, [*keys, *current, i], False), console):
             parts.append(current)
             current = []
         current.append(i)
     parts.append(current)
-    out = [_subtable(t, [*range(keys), *cols], n > 0) for n, cols in enumerate(parts)]
-    for part in out:
+    out = []
+    for n, cols in enumerate(parts):
+        shown = list(keys)
+        constant = [k for k in keys if len({_plain(v) for v in t.columns[k].cells}) <= 1]
+        drop = constant + [k for k in keys if k not in constant]
+        while drop and not _fits(_subtable(t, [*shown, *cols], n > 0), console):
+            shown.remove(drop.pop(0))
+        part = _subtable(t, [*shown, *cols], n > 0)
         _whole(part)
+        out.append(part)
     return out
 
 
