@@ -3,8 +3,8 @@
 On a terminal a table is drawn with rich, no cell ever cut: a table wider than the terminal is drawn
 in parts, each repeating the row's key columns (decoder, context, ...). When stdout is a pipe or a
 file (CI logs, `| tee`) it is written whole as Markdown. Tables show a compact set of columns by
-default; `--columns all` or a comma list of column names chooses others. `--format json` prints the command's
-data instead, and progress always goes to stderr, so stdout holds only the result.
+default; `--columns all` or a comma list of column names chooses others. `--format json` prints
+the command's data instead, and progress always goes to stderr, so stdout holds only the result.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -153,7 +154,7 @@ def _whole(t: Table) -> list[int]:
         if c.overflow == "fold":
             widths.append(0)
             continue
-        c.width = max([len(_plain(v)) for v in c.cells] + [len(w) for w in _plain(c.header).split()] + [1])
+        c.width = max([cell_len(_plain(v)) for v in c.cells] + [cell_len(w) for w in _plain(c.header).split()] + [1])
         widths.append(c.width)
     return widths
 
