@@ -201,7 +201,10 @@ def test_every_table_is_whole_at_terminal_widths(store, width, monkeypatch):
                                speedup_vs_best_baseline_ci95=[0.91, 1.02], bound_share=0.82, allowed_speedup=1.31)
         _whole_at([bench_table(rows, 40e9, columns)], width)
         shown = []
-        monkeypatch.setattr(store_cli, "emit", lambda t, fmt, data=None: shown.extend([t] if hasattr(t, "columns") else t))
+
+        def capture(t, fmt, data=None, shown=shown):
+            shown.extend([t] if hasattr(t, "columns") else t)
+        monkeypatch.setattr(store_cli, "emit", capture)
         for args in (["runs", "--store", store], ["show", "2", "--store", store]):
             r = CliRunner().invoke(CMD[args[0]], [*args[1:], *(["--columns", columns] if columns else [])])
             assert r.exit_code == 0, r.output
@@ -215,3 +218,34 @@ def test_columns_choose_and_refuse_with_a_suggestion():
     assert tables.choose_columns(["decode_tok_s", "score_mean"], "score_mean,decode_tok_s") == ["score_mean", "decode_tok_s"]
     with pytest.raises(aspire_bench.errors.UserError, match="did you mean decode_tok_s"):
         tables.choose_columns(["decode_tok_s", "score_mean"], "decode_toks")
+
+
+def test_python_api_reads_the_clis_default_store_and_speaks_python(store, monkeypatch, tmp_path):
+    monkeypatch.setenv("ASPIRE_BENCH_STORE", store)
+    assert list(aspire_bench.results()["run_id"]) == [1, 2, 3]  # the store the CLI would use
+    with pytest.raises(aspire_bench.errors.StoreError) as e:
+        aspire_bench.results(str(tmp_path / "none.db"))
+    assert "store=PATH" in str(e.value) and "--store" not in str(e.value)
+    with pytest.raises(aspire_bench.errors.ConfigError, match="did you mean context_len"):
+        aspire_bench.run(contxt_len="4k", store=None)
+
+
+def test_every_command_help_ends_with_examples_and_decoders_are_described():
+    import click
+
+    from aspire_bench.cli import main
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            yield [*prefix, name]
+            if isinstance(cmd, click.Group):
+                yield from walk(cmd, [*prefix, name])
+    for path in walk(main, []):
+        if path[0] in ("lm-eval", "train-tiny"):  # their --help is the wrapped tool's own
+            continue
+        out = cli(*path, "--help").output
+        assert "Examples:" in "\n".join(out.rstrip().splitlines()[-3:]), path  # one or two examples end it
+        assert "9223372036854775807" not in out, path
+    listed = cli("decoders").output.splitlines()
+    assert any(line.startswith("aspire-fixed") and "[ablation]" in line for line in listed)
+    assert any(line.startswith("ar ") and "autoregressive" in line for line in listed)
