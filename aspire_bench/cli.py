@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 
 from . import cli_types as T
-from .cli_types import TokenCount, parse_decoder_args
+from .cli_types import TokenCount, examples, hidden_alias, merge_alias, parse_decoder_args
 from .errors import UserError
-from .harness.tables import format_option
+from .harness.store_cli import store_option
+from .harness.tables import columns_option, format_option
 
 
 def model_options(f):
@@ -69,6 +70,10 @@ def measure_options(f):
 
 
 def write_json(path: Path, obj) -> None:
+    """Write `obj` as JSON to `path` (beside and renamed: never half-written); `-` prints it to stdout."""
+    if str(path) == "-":
+        click.echo(json.dumps(obj, indent=1, default=str))
+        return
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
     tmp.replace(path)
@@ -107,7 +112,7 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
-@click.group(cls=Main)
+@click.group(cls=Main, epilog=examples("aspire-bench demo", "aspire-bench --threads 1 run --decoder aspire --context-len 4k --parity"))
 @click.version_option(package_name="aspire-bench")
 @click.option("--threads", default=None, type=T.POSITIVE, envvar="ASPIRE_BENCH_THREADS",
               help="CPU threads for torch (default: torch's). On a busy machine 1 is often faster.")
@@ -118,7 +123,8 @@ def main(threads):
         torch.set_num_threads(threads)
 
 
-@main.command()
+@main.command(epilog=examples(
+    "aspire-bench generate --model tiny --decoder magicdec --prompts prompts.jsonl --out out.jsonl"))
 @model_options
 @functools.partial(decoder_options, max_new_help="Default: 128.")
 @click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
@@ -174,7 +180,9 @@ def _keep_partial(partial: Path):
     f.close()
 
 
-@main.command("run")
+@main.command("run", epilog=examples(
+    "aspire-bench run --decoder aspire --task code-completion --context-len 4k --batch-size 4 --limit 4 --parity",
+    "aspire-bench run --decoder magicdec --decoder-arg gamma=4 --task needle --context-len 8k --columns all"))
 @model_options
 @decoder_options
 @click.option("--task", default="code-completion", show_default=True, help="See `aspire-bench tasks`.")
@@ -186,7 +194,7 @@ def _keep_partial(partial: Path):
 @click.option("--parity", is_flag=True, help="Also run AR greedy and compare token for token.")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
-@click.option("--store", default="aspire_results.db", show_default=True, help="SQLite results store.")
+@store_option
 @click.option("--tag", default=None, help="Free label stored with the run.")
 @click.option("--group", default=None, envvar="ASPIRE_BENCH_GROUP",
               help="Runs measured side by side share a group; speedups over AR are taken within it.")
@@ -195,17 +203,21 @@ def _keep_partial(partial: Path):
                    "every decoder does the same work); the group's speedups are marked 'unequal work'.")
 @click.option("--tune", is_flag=True, help="magicdec / vegas: choose gamma on separate tuning requests first.")
 @measure_options
+@columns_option
 @format_option
 def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
-                store, tag, group, unequal_work, tune, percentiles, save_result, fmt):
+                store_path, tag, group, unequal_work, tune, percentiles, save_result, columns, fmt):
     """Run a decoder on a task, print a summary and store the run."""
     from .harness.store import check_store_path
     from .tasks import get_task
+    store = store_path
     decoder_args = parse_decoder_args(decoder_args)
     # Checks that need no model (run() repeats them for API callers), before torch is even imported.
     check_store_path(store)
-    if data is not None and not get_task(task).reads_data:
+    from .harness.tables import summary_table
+    summary_table([], columns=columns)  # an unknown --columns name fails now, not after the run
+    if not get_task(task).reads_data and data is not None:
         raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
                                  param_hint="--data")
     from rich.markup import escape
@@ -222,7 +234,7 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                     attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
     result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
     print_summary([result.record], title=escape(f"{task} on {model}"), fmt=fmt,
-                  baselines=_group_ar_runs(store, group), percentiles=qs)
+                  baselines=_group_ar_runs(store, group), percentiles=qs, columns=columns)
     if save_result:
         write_json(save_result, vllm_result(result.record, qs))
     info(f"stored run {result.run_id} in {store}", fmt)
@@ -245,28 +257,43 @@ def _concrete_dtype(model: str, dtype: str) -> str:
     return checkpoint_dtype(resolve_model_path(model))
 
 
-@main.command("demo")
-@click.option("--store", default="aspire_results.db", show_default=True)
+@main.command("demo", epilog=examples("aspire-bench demo",
+                                      "aspire-bench demo --context-len 4k --max-new-tokens 32 --out /tmp/demo"))
+@store_option
 @click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
-@click.option("--contexts", default=None, help="Comma-separated context buckets (default: the demo sweep's).")
+@click.option("--context-len", "contexts", default=None, callback=lambda c, p, v: T.csv_contexts(c, p, v) if v else None,
+              help="Comma-separated context buckets (default: the demo sweep's).")
+@hidden_alias("--contexts", "contexts_alias", callback=lambda c, p, v: T.csv_contexts(c, p, v) if v else None)
 @click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the demo sweep's.")
-def demo_command(store, out, contexts, max_new_tokens):
+def demo_command(store_path, out, contexts, contexts_alias, max_new_tokens):
     """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
     from .demo import demo
+    store = store_path
+    contexts = merge_alias(contexts, contexts_alias, None, "--context-len", "--contexts")
     overrides = {}
     if contexts:
-        overrides["contexts"] = [c.strip() for c in contexts.split(",") if c.strip()]
+        overrides["contexts"] = contexts
     if max_new_tokens:
         overrides["max_new_tokens"] = max_new_tokens
     index = demo(store, out, **overrides)
     click.echo(f"leaderboard: {index}")
 
 
-@main.command("bench")
+def _csv_or_none(callback):
+    return lambda ctx, param, value: None if value is None else callback(ctx, param, value)
+
+
+@main.command("bench", epilog=examples(
+    "aspire-bench bench --context-len 16k --batch-size 8 --sampling paper --decoders ar,magicdec,aspire",
+    "aspire-bench bench --context-len 4k,8k --batch-size 1,4 --limit 8 --repeat 2 --json rows.json"))
 @model_options
 @click.option("--task", default="code-completion", show_default=True)
-@click.option("--contexts", default="4k,16k,32k", show_default=True, callback=T.csv_contexts)
-@click.option("--batch-sizes", default="1,8", show_default=True, callback=T.csv_positive_ints)
+@click.option("--context-len", "contexts", default=None, callback=_csv_or_none(T.csv_contexts),
+              help="Context buckets, comma-separated: one cell per context.  [default: 4k,16k,32k]")
+@hidden_alias("--contexts", "contexts_alias", callback=_csv_or_none(T.csv_contexts))
+@click.option("--batch-size", "batch_sizes", default=None, callback=_csv_or_none(T.csv_positive_ints),
+              help="Batch sizes, comma-separated: one cell per batch size.  [default: 1,8]")
+@hidden_alias("--batch-sizes", "batch_sizes_alias", callback=_csv_or_none(T.csv_positive_ints))
 @click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True,
               callback=T.decoder_specs,
               help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035].")
@@ -283,17 +310,23 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--no-calibration-rounds", is_flag=True,
               help="Skip the calibration rounds timed between runs (the simulator then uses the group's "
                    "ASPIRE calibration).")
-@click.option("--store", default="aspire_results.db", show_default=True)
+@store_option
 @click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), callback=T.new_output_path,
-              help="Also write the rows as JSON (a list of rows; see docs/metrics.md).")
+              help="Also write the rows as JSON to this file (a list of rows; see docs/metrics.md); - prints "
+                   "them to stdout instead of the table.")
 @click.option("--parity-tolerance", default=None, type=float,
               help="Near-tie tolerance relative to the logit scale (default: by dtype, see docs/metrics.md).")
 @measure_options
+@columns_option
 @format_option
-def bench_command(model, dtype, device, attention_backend, task, contexts, batch_sizes, decoders, repeat,
-                  max_new_tokens, sampling, seed, limit, no_tune, no_bound, no_calibration_rounds, store, json_out,
-                  parity_tolerance, percentiles, save_result, fmt):
+def bench_command(model, dtype, device, attention_backend, task, contexts, contexts_alias, batch_sizes,
+                  batch_sizes_alias, decoders, repeat, max_new_tokens, sampling, seed, limit, no_tune, no_bound,
+                  no_calibration_rounds, store_path, json_out, parity_tolerance, percentiles, save_result, columns,
+                  fmt):
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
+    store = store_path
+    contexts = merge_alias(contexts, contexts_alias, ["4k", "16k", "32k"], "--context-len", "--contexts")
+    batch_sizes = merge_alias(batch_sizes, batch_sizes_alias, [1, 8], "--batch-size", "--batch-sizes")
     from .decoders import get_decoder
     from .decoders.base import sampling_in_range
     from .harness.bench import bench, bench_table, parse_sampling
@@ -313,13 +346,18 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
+    bench_table([], 0.0, columns)  # so is a bad --columns
+    from .tasks import get_task
+    get_task(task)
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
                      parity_tolerance=parity_tolerance, calibration_rounds=not no_calibration_rounds)
     data = [r.to_json() for r in rows]  # the `--json` contract, also what --format json prints
-    emit(bench_table(rows, bw), fmt, data=data)
-    if json_out:
+    if json_out is not None and str(json_out) == "-":
+        fmt = "json"  # the rows on stdout, status lines on stderr
+    emit(bench_table(rows, bw, columns), fmt, data=data)
+    if json_out is not None and str(json_out) != "-":
         write_json(json_out, data)
     if save_result:
         write_json(save_result, [{**vllm_result(r.record, qs), "context": r.context, "sampling": r.sampling,
@@ -328,7 +366,8 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
 
 
 @main.command("train-tiny", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                              "help_option_names": []})
+                                              "help_option_names": []},
+              epilog=examples("aspire-bench train-tiny --help"))
 @click.pass_context
 def train_tiny_command(ctx):
     """Train the bundled tiny model (arguments: see `aspire-bench train-tiny --help`)."""
@@ -336,7 +375,7 @@ def train_tiny_command(ctx):
     sys.exit(train_main(ctx.args))
 
 
-@main.command("tasks")
+@main.command("tasks", epilog=examples("aspire-bench tasks"))
 def tasks_command():
     """List the tasks."""
     from .tasks import describe_tasks
@@ -344,15 +383,18 @@ def tasks_command():
         click.echo(f"{name:18s} {desc}")
 
 
-@main.command("decoders")
+@main.command("decoders", epilog=examples("aspire-bench decoders"))
 def decoders_command():
-    """List the decoders."""
-    from .decoders import decoder_names
-    for name in decoder_names():
-        click.echo(name)
+    """List the decoders: name, what it does, its settings; ablations and plug-ins are marked."""
+    from .decoders import describe_decoders
+    rows = describe_decoders()
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        mark = {"ablation": "[ablation] ", "plug-in": "[plug-in] ", "bound": "[upper bound] "}.get(r["kind"], "")
+        click.echo(f"{r['name']:{width}s}  {mark}{r['description']}")
 
 
-@main.command("calibrate")
+@main.command("calibrate", epilog=examples("aspire-bench calibrate --model tiny --batch-size 8 --context-len 16k"))
 @model_options
 @click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE)
 @click.option("--context-len", default=4096, show_default=True, type=TokenCount(),

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .errors import UserError
+from .harness.tables import examples  # noqa: F401  (commands import it from here)
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range
 
@@ -27,7 +28,21 @@ class FiniteFloat(click.FloatRange):
 
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
-SEED = click.IntRange(0, SEED_MAX)
+
+
+class Seed(click.IntRange):
+    """A sampling seed, 0 .. 2**63 - 1 (torch's range), shown in help as a plain integer."""
+
+    name = "seed"
+
+    def __init__(self):
+        super().__init__(0, SEED_MAX)
+
+    def _describe_range(self) -> str:
+        return "x>=0"
+
+
+SEED = Seed()
 TEMPERATURE = FiniteFloat(min=0.0)  # 0 = greedy
 TOP_P = FiniteFloat(min=0.0, max=1.0, min_open=True)  # 1 = off
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto")  # auto: the checkpoint's own
@@ -142,3 +157,16 @@ def decoder_specs(ctx, param, value) -> list[tuple[str, dict]]:
     if not specs:
         raise click.BadParameter("give at least one decoder")
     return specs
+
+
+def hidden_alias(name: str, dest: str, callback=None, **kw):
+    """An older spelling of an option, kept working but not shown in --help; the command merges it
+    with `merge_alias`."""
+    return click.option(name, dest, default=None, hidden=True, callback=callback, **kw)
+
+
+def merge_alias(value, alias, default, option: str, alias_name: str):
+    """The value of an option given under its name or its hidden alias (never both), else `default`."""
+    if value is not None and alias is not None:
+        raise click.UsageError(f"{alias_name} is another spelling of {option}: give one of them")
+    return value if value is not None else alias if alias is not None else default

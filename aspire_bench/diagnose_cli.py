@@ -43,10 +43,12 @@ def common_options(f):
         click.option("--data", default=None, help="Local dataset file/dir instead of the Hub cache."),
         click.option("--context-len", default=None, callback=T.context_len, help="Context bucket, e.g. 4k, 16k."),
         click.option("--seed", default=0, show_default=True, type=T.SEED),
-        click.option("--threads", default=None, type=T.POSITIVE, help="CPU threads for torch (default: torch's)."),
+        # the global `aspire-bench --threads N` sets it; kept here, hidden, for older command lines
+        click.option("--threads", default=None, type=T.POSITIVE, hidden=True),
         store_option,
         click.option("--json", "json_out", default=None, type=click.Path(path_type=Path),
-                     callback=T.new_output_path, help="Also write the result as JSON."),
+                     callback=T.new_output_path, help="Also write the result as JSON to this file; - prints it "
+                     "to stdout instead of the tables."),
         format_option,
     ]):
         f = opt(f)
@@ -71,7 +73,7 @@ def _prepare(threads, store_path, dtype, model, task, data):
 
 
 def _write_json(path: Path | None, obj) -> None:
-    if path is None:
+    if path is None or str(path) == "-":  # `-`: printed as the command's --format json output
         return
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -84,13 +86,16 @@ def _save(store_path, record, fmt) -> None:
     info(f"stored diagnostic run {run_id} in {store_path}", fmt)
 
 
-@click.group()
+@click.group(epilog=T.examples("aspire-bench diagnose recall --context-len 4k",
+                               "aspire-bench diagnose heterogeneity --context-len 4k"))
 def diagnose():
     """The ASPIRE paper's diagnostics on any model: attention recall of sparse views, and how
     heterogeneous accepted draft lengths are across requests."""
 
 
-@diagnose.command("recall")
+@diagnose.command("recall", epilog=T.examples(
+    "aspire-bench diagnose recall --model tiny --context-len 4k --requests 2",
+    "aspire-bench diagnose recall --k-tokens 256 --k-pages 32 --json recall.json"))
 @common_options
 @click.option("--requests", default=4, show_default=True, type=T.POSITIVE, help="Requests (task samples).")
 @click.option("--positions", default=32, show_default=True, type=T.POSITIVE,
@@ -125,7 +130,7 @@ def recall_command(model, dtype, device, attention_backend, task, data, context_
                        predictors=predictors, seed=seed, dtype=dtype, device=device, attention_backend=attention_backend)
     result = diagnose_recall(cfg)
     title = f"{task} on {model}" + (f" at {context_len}" if context_len else "")
-    emit(recall_tables(result.rows, title), fmt, data=result.rows)
+    emit(recall_tables(result.rows, title), "json" if str(json_out) == "-" else fmt, data=result.rows)
     _write_json(json_out, result.rows)
     _save(store_path, recall_record(result), fmt)
 
@@ -163,7 +168,8 @@ def recall_tables(rows: list[dict], title: str) -> list[Table]:
     return [t, t2]
 
 
-@diagnose.command("heterogeneity")
+@diagnose.command("heterogeneity", epilog=T.examples(
+    "aspire-bench diagnose heterogeneity --model tiny --context-len 4k --requests 4 --max-new-tokens 32"))
 @common_options
 @click.option("--decoder", default="aspire", show_default=True, help="A speculative decoder: its draft view is used.")
 @click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
@@ -187,7 +193,8 @@ def heterogeneity_command(model, dtype, device, attention_backend, task, data, c
                               device=device, attention_backend=attention_backend)
     result = diagnose_heterogeneity(cfg)
     title = f"{decoder}, D={draft_len} · {task} on {model}" + (f" at {context_len}" if context_len else "")
-    emit(heterogeneity_tables(result.requests, result.summary, title), fmt, data=result.to_json())
+    emit(heterogeneity_tables(result.requests, result.summary, title), "json" if str(json_out) == "-" else fmt,
+         data=result.to_json())
     _write_json(json_out, result.to_json())
     _save(store_path, result.record, fmt)
 

@@ -39,3 +39,10 @@ def validation_message(err, where: str) -> str:
     shown = "" if quiet else f" (got {got!r})"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {loc or 'the document'}: {msg}{shown}{more}"
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean X?)' for the closest of `choices` to a misspelt `word`, or ''."""
+    import difflib
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""

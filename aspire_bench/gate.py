@@ -25,6 +25,7 @@ from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
 from aspire_bench.harness.store import DEFAULT_PATH, Store
+from aspire_bench.harness.tables import examples
 
 FORMAT = "aspire-bench-gate-baseline"
 VERSION = 1
@@ -279,7 +280,8 @@ def _tolerances(base: Mapping, overrides: Sequence[str]) -> dict[str, float]:
     return tol
 
 
-@click.command()
+@click.command(epilog=examples("aspire-bench gate --baseline ci/baseline.json",
+                               "aspire-bench gate --baseline ci/baseline.json --group GROUP --update"))
 @click.option("--baseline", "baseline_path", required=True, type=click.Path(path_type=Path),
               help="Baseline JSON (docs/gate.md).")
 @click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, envvar="ASPIRE_BENCH_STORE",

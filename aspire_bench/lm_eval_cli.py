@@ -16,6 +16,7 @@ import sys
 import click
 
 from .errors import UserError
+from .harness.tables import examples
 
 
 def _skip_builtin_tasks() -> None:
@@ -70,7 +71,9 @@ def with_model_arg(args: list[str], pair: str) -> list[str]:
 
 
 @click.command("lm-eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                            "help_option_names": []})
+                                            "help_option_names": []},
+               epilog=examples("aspire-bench lm-eval --model aspire --model_args pretrained=tiny,decoder=aspire "
+                               "--tasks aspire_aime_mini --include_path examples/lm_eval_tasks --limit 4"))
 @click.option("--skip-builtin-tasks", is_flag=True,
               help="Only load tasks from --include_path (faster start; built-in task names are then unknown).")
 @click.option("--ar-reference", is_flag=True,

@@ -287,9 +287,11 @@ class Decoder:
         done: dict[int, Sequence] = {}
         steps: list[StepTrace] = []
         while waiting or active:
+            wave = []
             while waiting and len(active) < batch_size:
                 i, req = waiting.popleft()
                 seq = _admit(engine, policy, slot_size, i, req, params, clock, steps)
+                wave.append(seq)
                 if progress:
                     progress(len(seq.out))
                 if seq.finish:
@@ -298,6 +300,12 @@ class Decoder:
                     _notify(seq)
                 else:
                     active.append(seq)
+            # The paper's setting: the requests admitted together are prefilled before their decode
+            # steps, and their first tokens count from the end of that prefill, so no request's decode
+            # window (TPOT, ITL) holds the prefill of the others admitted with it.
+            t_wave = clock()
+            for seq in wave:
+                seq.times[:1] = [t_wave] if seq.times else []
             if not active:
                 continue
             before = sum(len(s.out) for s in active)

@@ -12,7 +12,7 @@ import inspect
 import typing
 from functools import cache
 
-from ..errors import ConfigError, validation_message
+from ..errors import ConfigError, did_you_mean, validation_message
 
 # (min, max, inclusive max) per setting name; a decoder's setting not listed here has no range.
 # Ranges are shared by name: every decoder means the same thing by `gamma` or `ratio`.
@@ -53,8 +53,11 @@ def check_settings(name: str, cls: type, settings: dict) -> None:
     try:
         _model(cls).model_validate(settings)
     except ValidationError as e:
-        known = ", ".join(_model(cls).model_fields) or "none"
-        raise ConfigError(validation_message(e, f"decoder {name!r} setting") + f" (settings: {known})") from None
+        fields = list(_model(cls).model_fields)
+        unknown = [k for k in settings if k not in fields]
+        hint = did_you_mean(unknown[0], fields) if unknown else ""
+        raise ConfigError(validation_message(e, f"decoder {name!r} setting") + hint
+                          + f" (settings: {', '.join(fields) or 'none'})") from None
 
 
 def parse_value(v: str):

@@ -351,35 +351,69 @@ def _ms(a: dict, key: str) -> str:
     return f"{a[key] * 1e3:,.1f}" if a.get(key) is not None else "—"
 
 
-def bench_table(rows: list[BenchRow], bandwidth: float):
+# The compact view of `bench`: the cell, the row, its ratios and what explains them.
+BENCH_DEFAULT = ("context", "batch", "sampling", "decoder", "speedup_vs_ar", "speedup_vs_best_baseline",
+                 "bound_share", "decode_tok_s", "mean_accepted_len", "draft_acceptance_rate", "tpot_p50_s", "parity_identical_pct",
+                 "score_mean")
+
+
+def bench_table(rows: list[BenchRow], bandwidth: float, columns: str | None = None):
+    """The rows as a table; `columns`: a --columns value (None: BENCH_DEFAULT, the compact view)."""
     from rich.markup import escape
     from rich.table import Table
+
+    from .tables import choose_columns
+
+    def pct(a, key, f="{:.0f}"):
+        return f.format(a[key]) if a.get(key) is not None else "—"
+
+    def tok(r, a, f):
+        x = a.get("decode_tok_s_median")
+        return f"{x:,.1f} ({a['decode_tok_s_min']:,.1f}-{a['decode_tok_s_max']:,.1f})" if x else "—"
+
+    def acc_len(r, a, f):
+        if not a.get("mean_accepted_len"):
+            return "—"
+        if a.get("req_accepted_len_p0") is None:
+            return f"{a['mean_accepted_len']:.2f}"
+        return f"{a['mean_accepted_len']:.2f} ({a['req_accepted_len_p0']:.1f}-{a['req_accepted_len_p100']:.1f})"
+
+    def d4(r, a, f):
+        x = a.get("distinct4_mean")
+        return (f"{x:.2f}" + (" COLLAPSED" if x < metrics.COLLAPSE_THRESHOLD else "")) if x is not None else "—"
+
+    # name: (header, cell of (row, aggregates, figures))
+    cells = {
+        "context": ("context", lambda r, a, f: r.context),
+        "batch": ("batch", lambda r, a, f: str(r.batch_size)),
+        "sampling": ("sampling", lambda r, a, f: r.sampling),
+        "decoder": ("decoder", lambda r, a, f: escape(r.label)),
+        "n_requests": ("requests", lambda r, a, f: f"{a['n_requests']}x{a.get('repeats', 1)}"),
+        "speedup_vs_ar": ("× AR", lambda r, a, f: _fmt_ratio(f.get("speedup_vs_ar"), f.get("speedup_vs_ar_ci95"))
+                          if r.decoder != "ar" else "1"),
+        "speedup_vs_best_baseline": ("× best baseline", lambda r, a, f: _fmt_ratio(
+            f.get("speedup_vs_best_baseline"), f.get("speedup_vs_best_baseline_ci95"))),
+        "decode_tok_s": ("decode tok/s (repeat min-max)", tok),
+        "bound_share": ("bound share", lambda r, a, f: f"{f['bound_share']:.0%} of {f['allowed_speedup']:.2f}x"
+                        if f.get("bound_share") is not None else "—"),
+        "mean_accepted_len": ("accepted len (req min-max)", acc_len),
+        "draft_acceptance_rate": ("acceptance", lambda r, a, f: pct(a, "draft_acceptance_rate", "{:.1%}")),
+        "tpot_p50_s": ("TPOT p50 ms", lambda r, a, f: _ms(a, "tpot_p50_s")),
+        "itl_p50_s": ("ITL p50 ms", lambda r, a, f: _ms(a, "itl_p50_s")),
+        "parity_identical_pct": ("parity %", lambda r, a, f: pct(a, "parity_identical_pct")),
+        "score_mean": ("score", lambda r, a, f: pct(a, "score_mean", "{:.3f}")),
+        "distinct4_mean": ("distinct-4", d4),
+        "bytes_per_token": ("bytes/token", lambda r, a, f: f"{a['bytes_per_token'] / 1e6:.1f} MB"
+                            if a.get("bytes_per_token") else "—"),
+        "achieved_bw_gbs": ("achieved GB/s", lambda r, a, f: f"{a['achieved_bw_gbs']:.1f} "
+                            f"({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})" if a.get("achieved_bw_gbs") else "—"),
+    }
+    names = choose_columns(list(cells), columns, BENCH_DEFAULT)
     t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s); "
                     "[95% bootstrap interval over requests x repeats]")
-    for col in ("context", "batch", "sampling", "decoder", "requests", "decode tok/s (repeat min-max)", "x AR",
-                "x best baseline", "bound share", "accepted len (req min-max)", "TPOT p50 ms", "ITL p50 ms",
-                "parity %", "distinct-4", "bytes/token", "achieved GB/s"):
-        t.add_column(col, justify="left" if col in ("context", "sampling", "decoder") else "right")
+    t.key_columns = sum(1 for c in names[:4] if c in ("context", "batch", "sampling", "decoder"))
+    for name in names:
+        t.add_column(cells[name][0], justify="left" if name in ("context", "sampling", "decoder") else "right")
     for r in rows:
-        a, f = r.record.aggregates, r.figures
-        tok = a.get("decode_tok_s_median")
-        d4 = a.get("distinct4_mean")
-        collapsed = d4 is not None and d4 < metrics.COLLAPSE_THRESHOLD
-        t.add_row(
-            r.context, str(r.batch_size), r.sampling, escape(r.label),
-            f"{a['n_requests']}x{a.get('repeats', 1)}",
-            f"{tok:,.1f} ({a['decode_tok_s_min']:,.1f}-{a['decode_tok_s_max']:,.1f})" if tok else "—",
-            _fmt_ratio(f.get("speedup_vs_ar"), f.get("speedup_vs_ar_ci95")) if r.decoder != "ar" else "1",
-            _fmt_ratio(f.get("speedup_vs_best_baseline"), f.get("speedup_vs_best_baseline_ci95")),
-            f"{f['bound_share']:.0%} of {f['allowed_speedup']:.2f}x" if f.get("bound_share") is not None else "—",
-            (f"{a['mean_accepted_len']:.2f} ({a['req_accepted_len_p0']:.1f}-{a['req_accepted_len_p100']:.1f})"
-             if a.get("req_accepted_len_p0") is not None else f"{a['mean_accepted_len']:.2f}")
-            if a.get("mean_accepted_len") else "—",
-            _ms(a, "tpot_p50_s"), _ms(a, "itl_p50_s"),
-            f"{a['parity_identical_pct']:.0f}" if a.get("parity_identical_pct") is not None else "—",
-            (f"{d4:.2f}" + (" COLLAPSED" if collapsed else "")) if d4 is not None else "—",
-            f"{a['bytes_per_token'] / 1e6:.1f} MB" if a.get("bytes_per_token") else "—",
-            f"{a['achieved_bw_gbs']:.1f} ({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})"
-            if a.get("achieved_bw_gbs") else "—",
-        )
+        t.add_row(*(cells[name][1](r, r.record.aggregates, r.figures) for name in names))
     return t

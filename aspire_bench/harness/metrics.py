@@ -46,46 +46,44 @@ def decode_windows(results: Iterable[RequestResult]) -> list[tuple[float, float]
     return [(r.token_times[0], r.token_times[-1]) for r in results if len(r.token_times) > 1]
 
 
-def counts_as_decode(step: StepTrace, windows: Sequence[tuple[float, float]]) -> bool:
-    """A step is decode time when it carries a decode/draft/verify row, or when it lies inside some
-    request's decode window: a prefill step run while other requests decode stalls them, and their
-    TPOT includes it, so decode tok/s must too (docs/metrics.md#throughput)."""
-    if any(r.kind != PREFILL for r in step.rows):
-        return True
-    return any(a <= step.t_start and step.t_end <= b for a, b in windows)
+def counts_as_decode(step: StepTrace) -> bool:
+    """A step is decode time when it carries a decode, draft or verify row; prefill-only steps never
+    are, even when they run between other requests' decode steps (docs/metrics.md#throughput)."""
+    return any(r.kind != PREFILL for r in step.rows)
 
 
 def decode_wall_time(steps: Iterable[StepTrace], results: Iterable[RequestResult] = ()) -> float:
-    windows = decode_windows(results)
-    return sum(s.wall for s in steps if counts_as_decode(s, windows))
+    """Seconds of the steps that decode (`results` is accepted for callers that pass it; unused)."""
+    return sum(s.wall for s in steps if counts_as_decode(s))
+
+
+def prefill_wall_time(steps: Iterable[StepTrace]) -> float:
+    """Seconds of the prefill-only steps: the prefill time reported apart from decode time."""
+    return sum(s.wall for s in steps if not counts_as_decode(s))
 
 
 def prefill_in_decode_time(steps: Iterable[StepTrace], results: Iterable[RequestResult]) -> float:
-    """The part of decode wall spent in prefill-only steps (other requests' prompts), reported apart."""
+    """The prefill-only steps run inside some request's decode window (refills stalling the others):
+    reported apart, never part of decode wall."""
     windows = decode_windows(results)
-    return sum(s.wall for s in steps if all(r.kind == PREFILL for r in s.rows) and counts_as_decode(s, windows))
+    return sum(s.wall for s in steps if not counts_as_decode(s)
+               and any(a <= s.t_start and s.t_end <= b for a, b in windows))
 
 
 def request_decode_times(output: GenerationOutput) -> dict[str, tuple[int, float]]:
     """request id -> (generated tokens, decode seconds charged to it).
 
     A step with decode/draft/verify rows is split among those rows in proportion to the tokens each
-    put through the forward; a prefill-only step inside decode windows is split equally among the
-    requests whose window holds it. The charges add up to decode_wall_time, so the throughput of any
-    subset of requests is (their tokens) / (their charged time). The bootstrap intervals resample these.
+    put through the forward; prefill-only steps are charged to no one. The charges add up to
+    decode_wall_time, so the throughput of any subset of requests is (their tokens) / (their charged
+    time). The bootstrap intervals resample these.
     """
     charged: dict[str, float] = {r.id: 0.0 for r in output.results}
-    spans = {r.id: (r.token_times[0], r.token_times[-1]) for r in output.results if len(r.token_times) > 1}
     for s in output.steps:
         rows = [r for r in s.rows if r.kind != PREFILL]
-        if rows:
-            n = sum(r.n_tokens for r in rows)
-            for r in rows:
-                charged[r.request] = charged.get(r.request, 0.0) + s.wall * r.n_tokens / n
-            continue
-        stalled = [rid for rid, (a, b) in spans.items() if a <= s.t_start and s.t_end <= b]
-        for rid in stalled:
-            charged[rid] += s.wall / len(stalled)
+        n = sum(r.n_tokens for r in rows)
+        for r in rows:
+            charged[r.request] = charged.get(r.request, 0.0) + s.wall * r.n_tokens / n
     return {r.id: (max(len(r.output_ids) - 1, 0), charged[r.id]) for r in output.results}
 
 
@@ -215,6 +213,7 @@ def aggregate(
         "n_steps": len(output.steps),
         "total_wall_s": duration,
         "decode_wall_s": decode_wall_time(output.steps, results),
+        "prefill_wall_s": prefill_wall_time(output.steps),
         "prefill_in_decode_s": prefill_in_decode_time(output.steps, results),
         "decode_tok_s": decode_tok_s(output),
         "e2e_tok_s": e2e_tok_s(output),

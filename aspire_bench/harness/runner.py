@@ -68,10 +68,11 @@ class RunConfig:
         return d
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     run_id: int | None
     record: records.RunRecord
+    store: str | None = None  # where the run was stored (None: not stored)
 
     @property
     def aggregates(self) -> dict:
@@ -79,6 +80,19 @@ class RunResult:
 
     def __getitem__(self, key):
         return self.record.aggregates[key]
+
+    def __repr__(self) -> str:
+        """One line: the run's identity, its headline figures, where it is stored."""
+        c, a = self.record.config, self.record.aggregates
+        figures = ", ".join(f"{k}={a[k]:.4g}" for k in REPR_FIGURES if isinstance(a.get(k), (int, float)))
+        return (f"RunResult(run_id={self.run_id}, store={self.store!r}, decoder={c.get('decoder')!r}, "
+                f"task={c.get('task')!r}, context_len={c.get('context_len')!r}, batch_size={c.get('batch_size')}, "
+                f"status={self.record.status!r}{', ' + figures if figures else ''})")
+
+
+# The figures a RunResult's repr shows (all are in .aggregates).
+REPR_FIGURES = ("decode_tok_s", "speedup_vs_ar", "mean_accepted_len", "draft_acceptance_rate", "tpot_median_s",
+                "parity_identical_pct", "score_mean")
 
 
 def load_engine(model: str, dtype: str, device: str, attention_backend: str,
@@ -185,7 +199,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     cfg, engine, reqs, params = p.cfg, p.engine, p.reqs, p.params
     output = outputs[traced_repeat(outputs)]
 
-    parity = None
+    parity = ar_run = None
     if cfg.parity or ar is not None:
         if not params.greedy:
             raise ConfigError("--parity compares greedy outputs token for token: use --temperature 0")
@@ -195,6 +209,7 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
                 ref = output if cfg.decoder == "ar" else generate("ar", {}, engine, reqs, params, cfg.batch_size,
                                                                    "parity (ar)", show_progress)
             ar = ref.results
+            ar_run = ref if ref is not output else None
         tolerance = cfg.parity_tolerance if parity_tolerance is None else parity_tolerance
         parity = against_ar(output.results, ar, tolerance, engine.dtype)
     tok = engine.tokenizer
@@ -206,10 +221,21 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
                                  records.capture_environment(), texts=texts, scores=scores, parity=parity,
                                  repeats=outputs, info=p.info, backend=engine.backend.name, sweep=sweep, tag=tag,
                                  group=group, percentiles=percentiles)
+    if ar_run is not None:
+        record.aggregates.update(speedup_over(output, ar_run))
     run_id = None
     if store is not None:
         run_id = save_record(store, record)  # a recovery JSONL beside the store if saving fails
-    return RunResult(run_id, record)
+    return RunResult(run_id, record, None if store is None else str(store))
+
+
+def speedup_over(output: GenerationOutput, ar: GenerationOutput) -> dict:
+    """`speedup_vs_ar` and its 95% interval (`_ci95_low`, `_ci95_high`) of a run over the AR run of the
+    same requests in the same invocation (--parity's reference), as bench computes them per cell."""
+    num, den = metrics.request_decode_times(output), metrics.request_decode_times(ar)
+    ci = metrics.ratio_ci(num, den) or (None, None)
+    return {"speedup_vs_ar": metrics.ratio(num, den), "speedup_vs_ar_ci95_low": ci[0],
+            "speedup_vs_ar_ci95_high": ci[1]}
 
 
 def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
@@ -224,7 +250,8 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
     cfg = cfg or RunConfig()
     for k, v in overrides.items():
         if not hasattr(cfg, k):
-            raise ConfigError(f"unknown run option {k!r}")
+            from ..errors import did_you_mean
+            raise ConfigError(f"unknown run option {k!r}{did_you_mean(k, list(RunConfig.__dataclass_fields__))}")
         setattr(cfg, k, v)
     if store is not None:
         check_store_path(store)  # a bad --store fails now, not after the compute

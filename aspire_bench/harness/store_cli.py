@@ -12,11 +12,23 @@ from rich.table import Table
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import RUN_KINDS, RunRecord, read_jsonl
 from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
-from aspire_bench.harness.tables import emit, format_option, resolve_format
+from aspire_bench.harness.tables import (
+    COLUMNS,
+    DEFAULT_COLUMNS,
+    choose_columns,
+    columns_option,
+    emit,
+    examples,
+    format_option,
+    resolve_format,
+    speedup_cell,
+)
 
-# Aggregates shown in the `runs` list, the headline figure of each kind: (header, aggregate name).
-LIST_FIGURES = (("tok/s", "decode_tok_s"), ("acc len", "mean_accepted_len"), ("parity %", "parity_identical_pct"),
-                ("score", "score_mean"))
+# Columns of the `runs` list besides the figures of tables.COLUMNS: (name, header, frame column).
+RUN_COLUMNS = (("id", "id", "run_id"), ("created", "created", "created_at"), ("status", "status", "status"),
+               ("kind", "kind", "kind"), ("decoder", "decoder", "decoder"), ("model", "model", "model"),
+               ("task", "task", "task"), ("context", "context", "context_len"), ("batch", "batch", "batch_size"),
+               ("sweep", "sweep/tag", None), ("group", "group", "group"))
 # Per-request columns of `show`: (header, how to get it from a RequestRow).
 REQUEST_COLUMNS = (
     ("id", lambda r: r.id),
@@ -31,8 +43,10 @@ REQUEST_COLUMNS = (
     ("parity", lambda r: (r.parity or {}).get("kind")),
 )
 
-store_option = click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True,
-                            envvar="ASPIRE_BENCH_STORE", help="SQLite results store.")
+# The one --store of every command: a file path, ./aspire_results.db unless ASPIRE_BENCH_STORE says otherwise.
+STORE_TYPE = click.Path(dir_okay=False)
+store_option = click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, type=STORE_TYPE,
+                            envvar="ASPIRE_BENCH_STORE", help="SQLite results store (env: ASPIRE_BENCH_STORE).")
 
 
 def _open(path: str) -> Store:
@@ -60,12 +74,14 @@ def filter_options(f):
     return f
 
 
-@click.command()
+@click.command(epilog=examples("aspire-bench runs --decoder aspire --limit 10",
+                               "aspire-bench runs --columns all --format markdown"))
 @store_option
 @filter_options
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N runs.")
+@columns_option
 @format_option
-def runs(store_path, limit, fmt, **filters):
+def runs(store_path, limit, columns, fmt, **filters):
     """List the stored runs."""
     from aspire_bench.harness.frames import results
     with _open(store_path) as store:
@@ -73,17 +89,25 @@ def runs(store_path, limit, fmt, **filters):
     if resolve_format(fmt) == "json":
         emit([], fmt, data=json.loads(frame.to_json(orient="records")))
         return
+    cells = {name: (head, lambda s, col=col: _fmt(s.get(col))) for name, head, col in RUN_COLUMNS}
+    cells["created"] = ("created", lambda s: _fmt(str(s["created_at"])[:16].replace("T", " ")))
+    cells["sweep"] = ("sweep/tag", lambda s: _fmt("/".join(str(x) for x in (s["sweep"], s["tag"]) if _given(x)) or None))
+    # over the AR run of the same group, context and batch size when the run has no speedup of its own
+    ar = {(s["group"], s.get("context_len"), s.get("batch_size")): s.get("decode_tok_s")
+          for s in frame.to_dict("records") if s["decoder"] == "ar" and _given(s["group"])}
+    cells["speedup_vs_ar"] = ("× AR", lambda s: "1" if s["decoder"] == "ar" and _given(s["group"]) else speedup_cell(
+        {k: v for k, v in s.items() if _given(v)}, ar.get((s["group"], s.get("context_len"), s.get("batch_size")))))
+    for key, head, scale, f in COLUMNS:
+        cells[key] = (head, lambda s, key=key, scale=scale, f=f: f.format(s[key] * scale) if _given(s.get(key)) else "-")
+    names = choose_columns(list(cells), columns, ("id", *DEFAULT_COLUMNS))
     table = Table(title=f"runs in {escape(str(store_path))}")
-    for header in ("id", "created", "status", "kind", "decoder", "model", "task", "context", "batch", "sweep/tag",
-                   "group"):
-        table.add_column(header, overflow="fold", justify="right" if header in ("id", "batch") else "left")
-    for header, _ in LIST_FIGURES:
-        table.add_column(header, justify="right")
+    table.key_columns = 1 if names[0] == "id" else 0
+    for name in names:
+        table.add_column(cells[name][0], justify="right" if name not in ("created", "status", "kind", "decoder",
+                                                                          "model", "task", "context", "sweep",
+                                                                          "group") else "left")
     for s in frame.to_dict("records"):
-        label = "/".join(str(x) for x in (s["sweep"], s["tag"]) if _given(x))
-        table.add_row(str(s["run_id"]), _fmt(str(s["created_at"])[:16].replace("T", " ")), _fmt(s["status"]),
-                      _fmt(s["kind"]), *(_fmt(s.get(k)) for k in ("decoder", "model", "task", "context_len", "batch_size")),
-                      _fmt(label or None), _fmt(s["group"]), *(_fmt(s.get(name)) for _, name in LIST_FIGURES))
+        table.add_row(*(cells[name][1](s) for name in names))
     emit(table, fmt)
 
 
@@ -92,13 +116,15 @@ def _given(value) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
-@click.command()
+@click.command(epilog=examples("aspire-bench show 3", "aspire-bench show 3 --format json"))
 @click.argument("run_id", type=int)
 @store_option
+@columns_option
 @format_option
-def show(run_id, store_path, fmt):
-    """Show one run: config, environment, aggregates and its requests (json: the whole record but its
-    step trace)."""
+def show(run_id, store_path, columns, fmt):
+    """Show one run: its summary row, config, environment, aggregates and its requests (json: the whole
+    record but its step trace)."""
+    from aspire_bench.harness.tables import summary_table
     with _open(store_path) as store:
         rec = store.get_run(run_id)
     run = {"run": rec.run_id, "created": rec.created_at, "status": rec.status, "kind": rec.kind,
@@ -106,7 +132,8 @@ def show(run_id, store_path, fmt):
            "group": rec.group, "sweep": rec.sweep, "tag": rec.tag, **({"error": rec.error} if rec.error else {})}
     data = {k: v for k, v in rec.to_json().items() if k != "steps"}
     # Every cell goes through _fmt (escaped): store text is shown literally, never as markup.
-    emit([_mapping_table(f"run {rec.run_id}", run), _mapping_table("config", rec.config),
+    head = [summary_table([rec], f"run {rec.run_id}", columns=columns)] if rec.status == "ok" else []
+    emit([*head, _mapping_table(f"run {rec.run_id}", run), _mapping_table("config", rec.config),
           _mapping_table("environment", rec.env), _mapping_table("aggregates", rec.aggregates),
           _requests_table(rec)], fmt, data=data)
 
@@ -129,7 +156,8 @@ def _requests_table(rec: RunRecord) -> Table:
     return table
 
 
-@click.command()
+@click.command(epilog=examples("aspire-bench export --format csv --out runs.csv",
+                               "aspire-bench export --format records --decoder aspire > aspire.jsonl"))
 @store_option
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet", "records"]), default="jsonl",
               show_default=True, help="csv, jsonl, parquet (needs pyarrow): one row per run, its config "
@@ -173,7 +201,7 @@ def export(store_path, fmt, per_request, out, **filters):
         click.echo(f"{n} {'requests' if per_request else 'runs'} -> {out}", err=True)
 
 
-@click.command("import")
+@click.command("import", epilog=examples("aspire-bench import aspire.jsonl --store other.db"))
 @click.argument("jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @store_option
 def import_command(jsonl, store_path):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, StoreError, UserError
+from ..errors import ConfigError, StoreError, UserError, did_you_mean
 from . import records
 from .cells import Cell, Sweep, execute_cell, failed_record
 from .parity import check_tolerance
@@ -138,7 +138,8 @@ def _decoder(d) -> tuple[str, dict]:
         d = {"name": d}
     _check_keys(d, DECODER_KEYS, "a decoder entry")
     if d.get("name") not in decoder_names():
-        raise ConfigError(f"unknown decoder {d.get('name')!r}: choose one of {', '.join(decoder_names())}")
+        raise ConfigError(f"unknown decoder {d.get('name')!r}{did_you_mean(d.get('name'), decoder_names())}: "
+                          f"choose one of {', '.join(decoder_names())}")
     args = d.get("args") or {}
     if not isinstance(args, dict):
         raise ConfigError(f"decoder {d['name']}: `args` must be a mapping, not {args!r}")

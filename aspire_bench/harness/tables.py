@@ -1,8 +1,10 @@
 """Tables for people and for pipes: every command builds a rich Table, `emit` renders it.
 
-On a terminal a table is drawn with rich; when stdout is a pipe or a file (CI logs, `| tee`) it is
-written whole as Markdown, never cut to the terminal's width. `--format json` prints the command's
-data instead, and progress always goes to stderr, so stdout holds only the result.
+On a terminal a table is drawn with rich, no cell ever cut: a table wider than the terminal is drawn
+in parts, each repeating the row's key columns (decoder, context, ...). When stdout is a pipe or a
+file (CI logs, `| tee`) it is written whole as Markdown. Tables show a compact set of columns by
+default; `--columns all` or a comma list of column names chooses others. `--format json` prints
+the command's data instead, and progress always goes to stderr, so stdout holds only the result.
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import UserError, did_you_mean
 from .records import RunRecord
 
 FORMATS = ("table", "markdown", "json")
@@ -25,25 +29,53 @@ format_option = click.option(
     help="table (drawn for a terminal), markdown, or json. Default: table on a terminal, markdown when "
          "stdout is a pipe or a file.")
 
-# (column, aggregate name, scale, format)
+columns_option = click.option(
+    "--columns", default=None, metavar="all|LIST",
+    help="Table columns: all, or a comma list of names (an unknown name lists them all). Default: "
+         "decoder, context, batch, x AR, decode tok/s, accepted len, acceptance, TPOT p50, parity, score.")
+
+# (column name = aggregate name, header, scale, format)
 COLUMNS = [
-    ("decode tok/s", "decode_tok_s", 1, "{:,.1f}"),
-    ("output tok/s", "e2e_tok_s", 1, "{:,.1f}"),
-    ("total tok/s", "total_token_throughput", 1, "{:,.1f}"),
-    ("req/s", "request_throughput", 1, "{:.3f}"),
-    ("accepted len", "mean_accepted_len", 1, "{:.2f}"),
-    ("draft acc.", "draft_acceptance_rate", 1, "{:.1%}"),
-    ("TTFT mean ms", "ttft_mean_s", 1000, "{:,.1f}"),
-    ("TPOT mean ms", "tpot_mean_s", 1000, "{:.1f}"),
-    ("TPOT median ms", "tpot_median_s", 1000, "{:.1f}"),
-    ("ITL mean ms", "itl_mean_s", 1000, "{:.1f}"),
-    ("E2E mean ms", "e2e_mean_s", 1000, "{:,.1f}"),
+    ("decode_tok_s", "decode tok/s", 1, "{:,.1f}"),
+    ("mean_accepted_len", "accepted len", 1, "{:.2f}"),
+    ("draft_acceptance_rate", "acceptance", 1, "{:.1%}"),
+    ("tpot_median_s", "TPOT p50 ms", 1000, "{:.1f}"),
+    ("parity_identical_pct", "parity %", 1, "{:.1f}"),
+    ("score_mean", "score", 1, "{:.3f}"),
+    ("e2e_tok_s", "output tok/s", 1, "{:,.1f}"),
+    ("total_token_throughput", "total tok/s", 1, "{:,.1f}"),
+    ("request_throughput", "req/s", 1, "{:.3f}"),
+    ("prefill_wall_s", "prefill s", 1, "{:,.2f}"),
+    ("prefill_in_decode_s", "prefill in decode s", 1, "{:,.2f}"),
+    ("ttft_mean_s", "TTFT mean ms", 1000, "{:,.1f}"),
+    ("tpot_mean_s", "TPOT mean ms", 1000, "{:.1f}"),
+    ("itl_mean_s", "ITL mean ms", 1000, "{:.1f}"),
+    ("e2e_mean_s", "E2E mean ms", 1000, "{:,.1f}"),
+    ("distinct4_mean", "distinct-4", 1, "{:.2f}"),
 ]
-TAIL_COLUMNS = [
-    ("score", "score_mean", 1, "{:.3f}"),
-    ("distinct-4", "distinct4_mean", 1, "{:.2f}"),
-    ("parity %", "parity_identical_pct", 1, "{:.1f}"),
-]
+# The compact view: what fits a terminal of 100 columns.
+DEFAULT_COLUMNS = ("decoder", "context", "batch", "speedup_vs_ar", "decode_tok_s", "mean_accepted_len",
+                   "draft_acceptance_rate", "tpot_median_s", "parity_identical_pct", "score_mean")
+
+
+def choose_columns(available, spec: str | None, default=DEFAULT_COLUMNS) -> list[str]:
+    """The column names a `--columns` value picks from `available` (in `available`'s order for the
+    default and `all`, in the given order for a list); an unknown name is a UserError."""
+    if not spec:
+        return [c for c in available if c in default]
+    if spec.strip() == "all":
+        return list(available)
+    names = [c.strip() for c in spec.split(",") if c.strip()]
+    for c in names:
+        if c not in available:
+            raise UserError(f"--columns: no column {c!r}{did_you_mean(c, available)}; the columns are: "
+                            f"{', '.join(available)}")
+    return names or list(default)
+
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: its examples, one command line each (kept as written)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def resolve_format(fmt: str | None, stream=None) -> str:
@@ -103,34 +135,120 @@ def emit(tables: Table | Iterable[Table], fmt: str | None, data=None) -> None:
     else:
         # Not a terminal but a table asked for: wide enough that nothing is cut.
         console = Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
-        for t in tables:
-            console.print(t)
+        render(tables, console)
+
+
+def render(tables: Iterable[Table], console: Console) -> None:
+    """Print each table in parts that fit the console's width, so no value is ever cut."""
+    for t in tables:
+        for part in fit(t, console):
+            console.print(part)
+
+
+def _whole(t: Table) -> list[int]:
+    """Each column at least as wide as its longest cell and its header's longest word: a value is never
+    wrapped or cut, a header may wrap between words. Folding columns (long free text) are left free to
+    wrap. Returns those widths (0 for a folding column)."""
+    widths = []
+    for c in t.columns:
+        if c.overflow == "fold":
+            widths.append(0)
+            continue
+        c.width = max([cell_len(_plain(v)) for v in c.cells] + [cell_len(w) for w in _plain(c.header).split()] + [1])
+        widths.append(c.width)
+    return widths
+
+
+def _fits(t: Table, console: Console) -> bool:
+    # a box border and a space each side per column, one border at the end
+    return sum(_whole(t)) + 3 * len(t.columns) + 1 <= console.width
+
+
+def fit(t: Table, console: Console) -> list[Table]:
+    """`t` as one table when it fits the console's width, else as parts of consecutive columns, each
+    repeating the first `t.key_columns` columns (what names a row). A part too wide even so drops the
+    key columns that are the same in every row, then others from the front. Folding columns (long
+    free text) wrap inside their width instead."""
+    if _fits(t, console) or len(t.columns) < 2:
+        return [t]
+    n_keys = getattr(t, "key_columns", 1)
+    keys = list(range(n_keys))
+    parts, current = [], []
+    for i in range(n_keys, len(t.columns)):
+        if current and not _fits(_subtable(t, [*keys, *current, i], False), console):
+            parts.append(current)
+            current = []
+        current.append(i)
+    parts.append(current)
+    out = []
+    for n, cols in enumerate(parts):
+        shown = list(keys)
+        constant = [k for k in keys if len({_plain(v) for v in t.columns[k].cells}) <= 1]
+        drop = constant + [k for k in keys if k not in constant]
+        while drop and not _fits(_subtable(t, [*shown, *cols], n > 0), console):
+            shown.remove(drop.pop(0))
+        part = _subtable(t, [*shown, *cols], n > 0)
+        _whole(part)
+        out.append(part)
+    return out
+
+
+def _subtable(t: Table, cols: list[int], continued: bool) -> Table:
+    title = t.title if not continued else (f"{t.title} (continued)" if t.title else None)
+    sub = Table(title=title, show_header=t.show_header, box=t.box)
+    for i in cols:
+        c = t.columns[i]
+        sub.add_column(c.header, justify=c.justify, overflow=c.overflow, style=c.style)
+    cells = [list(c.cells) for c in t.columns]
+    for r in range(t.row_count):
+        sub.add_row(*(cells[i][r] for i in cols))
+    return sub
 
 
 def percentile_columns(qs) -> list[tuple]:
     """TPOT and ITL at each requested percentile, in ms."""
-    return [(f"{name} p{q:g} ms", f"{key}_p{q:g}_s", 1000, "{:.1f}") for name, key in (("TPOT", "tpot"), ("ITL", "itl"))
+    return [(f"{key}_p{q:g}_s", f"{name} p{q:g} ms", 1000, "{:.1f}") for name, key in (("TPOT", "tpot"), ("ITL", "itl"))
             for q in qs]
 
 
+def speedup_cell(a: dict, base: float | None = None) -> str:
+    """'1.05x [0.98, 1.10]': a stored speedup over AR with its interval, else over `base` tok/s."""
+    x = a.get("speedup_vs_ar")
+    if x is None and base and a.get("decode_tok_s"):
+        x = a["decode_tok_s"] / base
+    if x is None:
+        return "—"
+    lo, hi = a.get("speedup_vs_ar_ci95_low"), a.get("speedup_vs_ar_ci95_high")
+    return f"{x:.2f}x [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else f"{x:.2f}x"
+
+
 def summary_table(records: list[RunRecord], title: str = "aspire-bench",
-                  baselines: Iterable[RunRecord] = (), percentiles=(50, 90, 99)) -> Table:
-    """One row per run; speedup is over the AR run of the same group, context and batch size, when
-    there is one among `records` or `baselines` (AR runs not shown, e.g. stored earlier in the group)."""
+                  baselines: Iterable[RunRecord] = (), percentiles=(50, 90, 99), columns: str | None = None) -> Table:
+    """One row per run; speedup is the run's own (`run --parity`), else over the AR run of the same group,
+    context and batch size when there is one among `records` or `baselines` (AR runs not shown, e.g.
+    stored earlier in the group). `columns`: a --columns value (None: the compact view)."""
     ar = {_ar_key(r): r.aggregates.get("decode_tok_s") for r in (*baselines, *records)
           if r.config.get("decoder") == "ar" and r.group is not None}
+    # TPOT p50 is the compact view's median column already
+    figures = {c[0]: c for c in COLUMNS + percentile_columns(percentiles) if c[0] != "tpot_p50_s"}
+    interleaved = any(r.aggregates.get("prefill_in_decode_s") for r in records)
+    default = DEFAULT_COLUMNS + (("prefill_wall_s",) if interleaved else ())  # prefill apart where it interleaved
+    cells = {
+        "decoder": ("decoder", lambda r, a: Text(str(r.config.get("decoder")))),
+        "context": ("context", lambda r, a: Text(str(r.config.get("context_len") or "—"))),
+        "batch": ("batch", lambda r, a: str(r.config.get("batch_size", "—"))),
+        "speedup_vs_ar": ("× AR", lambda r, a: speedup_cell(a, ar.get(_ar_key(r)))),
+        **{k: (head, lambda r, a, k=k, scale=scale, f=f: "—" if a.get(k) is None else f.format(a[k] * scale))
+           for k, (_, head, scale, f) in figures.items()},
+    }
+    names = choose_columns(list(cells), columns, default)
     t = Table(title=title)
-    columns = COLUMNS + percentile_columns(percentiles) + TAIL_COLUMNS
-    for label in ("decoder", "context", "batch", "speedup vs AR", *(c[0] for c in columns)):
-        t.add_column(label, justify="left" if label in ("decoder", "context") else "right")
+    t.key_columns = sum(1 for c in names[:3] if c in ("decoder", "context", "batch"))
+    for name in names:
+        t.add_column(cells[name][0], justify="left" if name in ("decoder", "context") else "right")
     for r in records:
-        a = r.aggregates
-        base = ar.get(_ar_key(r))
-        speed = f"{a['decode_tok_s'] / base:.2f}x" if base and a.get("decode_tok_s") else "—"
-        cells = ["—" if a.get(name) is None else fmt.format(a[name] * scale) for _, name, scale, fmt in columns]
         # Text, not markup: config values come from the store and are shown literally.
-        t.add_row(Text(str(r.config.get("decoder"))), Text(str(r.config.get("context_len") or "—")),
-                  str(r.config.get("batch_size", "—")), speed, *cells)
+        t.add_row(*(cells[name][1](r, r.aggregates) for name in names))
     return t
 
 
@@ -145,11 +263,11 @@ def summary_json(records: list[RunRecord]) -> list[dict]:
 
 
 def print_summary(records: list[RunRecord], title: str = "aspire-bench", fmt: str | None = None,
-                  baselines: Iterable[RunRecord] = (), percentiles=(50, 90, 99)) -> None:
-    emit(summary_table(records, title, baselines, percentiles), fmt, data=summary_json(records))
+                  baselines: Iterable[RunRecord] = (), percentiles=(50, 90, 99), columns: str | None = None) -> None:
+    emit(summary_table(records, title, baselines, percentiles, columns), fmt, data=summary_json(records))
 
 
-def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None) -> None:
+def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None, columns: str | None = None) -> None:
     """One table per model, task, batch size and sampling (context and decoder are its rows); json: every
     run of the sweep, failed ones included."""
     tables: dict[tuple, list[RunRecord]] = {}
@@ -165,5 +283,6 @@ def print_sweep_summary(recs: list[RunRecord], name: str, fmt: str | None = None
         sampling = "greedy" if temp == 0 else f"T={temp} top-k={top_k} top-p={top_p}"
         # escaped: names from the sweep file are printed literally, never as markup
         out.append(summary_table(rs, title=escape(f"{name}: {task} on {Path(model).name}, batch {batch}, "
-                                                  f"max_new {max_new or 'default'}, {sampling}, seed {seed}")))
+                                                  f"max_new {max_new or 'default'}, {sampling}, seed {seed}"),
+                                 columns=columns))
     emit(out, fmt, data=summary_json(recs))

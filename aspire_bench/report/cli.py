@@ -5,13 +5,14 @@ from pathlib import Path
 
 import click
 
-from aspire_bench.harness.store import DEFAULT_PATH
+from aspire_bench.harness.store_cli import store_option
+from aspire_bench.harness.tables import examples
 from aspire_bench.report import write_report
 
 
-@click.command()
-@click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, envvar="ASPIRE_BENCH_STORE",
-              type=click.Path(path_type=Path), help="SQLite results store.")
+@click.command(epilog=examples("aspire-bench report --out leaderboards/",
+                               "aspire-bench report --store sweep.db --out /tmp/boards"))
+@store_option
 @click.option("--out", "out_dir", default="leaderboards", show_default=True, type=click.Path(path_type=Path),
               help="Directory for the HTML pages (created).")
 def report(store_path, out_dir):

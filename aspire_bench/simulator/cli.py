@@ -6,7 +6,16 @@ import json
 import click
 from rich.table import Table
 
-from ..cli_types import TokenCount, csv_list, csv_positive_ints
+from ..cli_types import (
+    SEED,
+    TokenCount,
+    csv_list,
+    csv_positive_ints,
+    examples,
+    hidden_alias,
+    merge_alias,
+    new_output_path,
+)
 from ..errors import UserError
 from ..harness.store import DEFAULT_PATH, Store
 from ..harness.tables import emit, info
@@ -20,11 +29,20 @@ ASSUMPTIONS = (
 
 
 def _contexts(ctx, param, value):
+    if value is None:
+        return None
     return [TokenCount().convert(x, param, ctx) for x in csv_list(ctx, param, value)]
 
 
-@click.command("simulate")
+def _batches(ctx, param, value):
+    return None if value is None else csv_positive_ints(ctx, param, value)
+
+
+@click.command("simulate", epilog=examples(
+    "aspire-bench simulate --run 6 --json -",
+    "aspire-bench simulate --hardware h100-nvl --model-shape qwen3-8b --context-len 32k --batch-size 8,32 --alpha 0.9"))
 @click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, envvar="ASPIRE_BENCH_STORE",
+              type=click.Path(dir_okay=False),
               help="Results store: the runs to replay come from it, and simulated runs are saved to it.")
 @click.option("--run", "run_ids", multiple=True, type=int, help="A stored run to replay (repeatable).")
 @click.option("--group", default=None, help="Replay every successful measured run of this group.")
@@ -42,10 +60,12 @@ def _contexts(ctx, param, value):
                    "shape's torch_dtype).")
 @click.option("--decoders", default="ar,magicdec,vegas,aspire", show_default=True, callback=csv_list,
               help="Parametric mode: the decoders to simulate.")
-@click.option("--context", "contexts", default="16k", show_default=True, callback=_contexts,
-              help="Parametric mode: prompt lengths, comma-separated (16k,32k).")
-@click.option("--batch", "batches", default="8", show_default=True, callback=csv_positive_ints,
-              help="Parametric mode: batch sizes, comma-separated.")
+@click.option("--context-len", "contexts", default=None, callback=_contexts,
+              help="Parametric mode: prompt lengths, comma-separated (16k,32k).  [default: 16k]")
+@hidden_alias("--context", "contexts_alias", callback=_contexts)
+@click.option("--batch-size", "batches", default=None, callback=_batches,
+              help="Parametric mode: batch sizes, comma-separated.  [default: 8]")
+@hidden_alias("--batch", "batches_alias", callback=_batches)
 @click.option("--alpha", default=None,
               help="Parametric mode: per-token acceptance: a number, kind=alpha pairs (aspire=0.95,magicdec=0.9) "
                    "or a JSON table {kind: [[context, alpha], ...]}.")
@@ -56,17 +76,21 @@ def _contexts(ctx, param, value):
               help="Parametric mode: requests per cell (default 4 x batch).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=2),
               help="Parametric mode: output tokens per request.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Store the results as runs of kind 'simulated' (never ranked on the leaderboard).")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="PATH", callback=new_output_path,
+              help="Write the rows as a JSON list to PATH; - (or --json alone) prints them instead of the table.")
 def simulate_command(store_path, run_ids, group, calibration, hardware, model_shape, dtype, decoders, contexts,
-                     batches, alpha, alpha_from_runs, n_requests, max_new_tokens, seed, save, as_json):
+                     contexts_alias, batches, batches_alias, alpha, alpha_from_runs, n_requests, max_new_tokens, seed,
+                     save, json_out):
     """Predict decode throughput by replaying decoders' scheduling with a step-cost model.
 
     With --run/--group: the stored runs' own traces (requests, acceptance outcomes, settings) replayed
     with this machine's calibration (or a roofline). Without: a parametric setting (--model-shape,
-    --hardware or --calibration, --context, --batch, --alpha)."""
+    --hardware or --calibration, --context-len, --batch-size, --alpha)."""
+    contexts = merge_alias(contexts, contexts_alias, [16 * 1024], "--context-len", "--context")
+    batches = merge_alias(batches, batches_alias, [8], "--batch-size", "--batch")
     from .rows import parametric_rows, stored_rows
     from .rows import save as save_records
     stored = bool(run_ids or group)
@@ -110,7 +134,13 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     if save:
         for row, rid in zip(rows, save_records(store_path, recs)):
             row["stored_run_id"] = rid
+    as_json = json_out == "-"
     fmt = "json" if as_json else None
+    if json_out is not None and not as_json:
+        from pathlib import Path
+        tmp = Path(json_out + ".tmp")  # beside and renamed: never half-written
+        tmp.write_text(json.dumps(rows, indent=1, default=str))
+        tmp.replace(json_out)
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
     else:

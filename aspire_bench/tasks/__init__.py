@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 from aspire_bench import plugins
-from aspire_bench.errors import ConfigError, UserError
+from aspire_bench.errors import ConfigError, UserError, did_you_mean
 
 from .base import Sample, Task, encode_prompt
 from .buckets import parse_bucket
@@ -72,7 +72,8 @@ def get_task(name: str) -> Task:
         return reg[key]
     if key in _plugins():
         return _load_plugin(key)
-    raise UserError(f"unknown task {name!r}; known tasks: {', '.join([*reg, *_plugins()])}")
+    known = [*reg, *_plugins()]
+    raise UserError(f"unknown task {name!r}{did_you_mean(name, known)}; known tasks: {', '.join(known)}")
 
 
 def list_tasks() -> list[Task]:

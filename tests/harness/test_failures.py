@@ -101,6 +101,16 @@ ARG_CASES = [
     (["bench", "--batch-sizes", "1,abc"], "--batch-sizes"),
     (["bench", "--contexts", "4k,zz"], "--contexts"),
     (["bench", "--sampling", "-1:0:1"], "--sampling"),
+    (["bench", "--batch-size", "1,abc"], "--batch-size"),
+    (["bench", "--context-len", "4k,zz"], "--context-len"),
+    (["bench", "--context-len", "4k", "--contexts", "8k"], "--contexts is another spelling of --context-len"),
+    (["bench", "--columns", "decode_tok"], "did you mean decode_tok_s"),
+    (["run", "--columns", "speedup"], "did you mean speedup_vs_ar"),
+    (["run", "--decoder", "magicdek"], "did you mean magicdec"),
+    (["run", "--decoder", "magicdec", "--decoder-arg", "gama=3"], "did you mean gamma"),
+    (["run", "--task", "neadle"], "did you mean needle"),
+    (["simulate", "--context-len", "zz"], "--context-len"),
+    (["simulate", "--batch-size", "0"], "--batch-size"),
     (["bench", "--json", "missing-dir/out.json"], "does not exist"),
     (["generate", "--prompts", "p.jsonl", "--out", "missing-dir/out.jsonl"], "does not exist"),
     (["generate", "--prompts", "p.jsonl", "--out", "store.db"], "refusing to overwrite"),
@@ -144,7 +154,7 @@ def test_store_text_prints_literally_and_unknown_fields_are_kept(work):
         c.execute("UPDATE requests SET data = json_set(data, '$.newer_field', 7)")
         c.commit()
     before = snapshot(work)
-    listed = cli("runs", "--store", "store.db", cwd=work)
+    listed = cli("runs", "--store", "store.db", "--columns", "all", cwd=work)
     shown = cli("show", "1", "--store", "store.db", cwd=work)
     exported = cli("export", "--store", "store.db", "--format", "records", cwd=work)
     for res in (listed, shown, exported):

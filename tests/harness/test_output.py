@@ -89,8 +89,10 @@ def test_piped_tables_print_whole_as_markdown(store):
     header = next(line for line in lines if line.startswith("| id |"))
     assert "| context | batch |" in header and "…" not in r.output
     assert any(line.startswith("| 2 |") and "| aspire |" in line and "| 16k | 8 |" in line for line in lines)
-    wide = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store, "--format", "table"])
+    wide = CliRunner(env={"COLUMNS": "40"}).invoke(CMD["runs"], ["--store", store, "--format", "table",
+                                                               "--columns", "all"])
     assert "…" not in wide.output and "nightly" in wide.output and "16k" in wide.output
+    assert "2.00x" in wide.output and "3.00x" in wide.output  # over the group's AR run
 
 
 def test_json_format_parses(store):
@@ -115,7 +117,7 @@ def test_summary_speedup_uses_the_groups_ar_run(store):
         recs = [s.get_run(i) for i in (1, 2, 3)]
     t = tables.summary_table([recs[1]], baselines=[recs[0]])
     headers, rows = tables.table_data(t)
-    assert rows[0][headers.index("speedup vs AR")] == "2.00x" and rows[0][headers.index("batch")] == "8"
+    assert rows[0][headers.index("× AR")] == "2.00x" and rows[0][headers.index("batch")] == "8"
     other = make_record(9, "aspire", group="elsewhere")
     assert tables.table_data(tables.summary_table([other], baselines=[recs[0]]))[1][0][3] == "—"
 
@@ -161,3 +163,89 @@ def test_calibrate_reports_and_saves_every_term(random_tiny, tmp_path):
     saved = json.loads(out.read_text())
     assert {"beta0", "beta_tok", "beta_attn", "beta_qk", "qk_free", "beta_sparse", "r2", "samples"} <= set(saved)
     assert "ns/KV position read" in r.output and "sparse" in r.output  # the term, or that it is not significant
+
+
+def _whole_at(tables_, width: int) -> str:
+    """The tables rendered for a terminal of `width` columns; asserts every cell's text appears whole."""
+    from rich.console import Console
+    buf = io.StringIO()
+    tables.render(tables_, Console(file=buf, width=width, color_system=None))
+    out = buf.getvalue()
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= width
+    for t in tables_:
+        if all(c.overflow != "fold" for c in t.columns):
+            _, rows = tables.table_data(t)
+            missing = {cell for row in rows for cell in row if cell not in out}
+            assert not missing, (width, missing)
+    return out
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_every_table_is_whole_at_terminal_widths(store, width, monkeypatch):
+    """run/sweep (summary), bench, runs and show, compact and with every column: no value cut or wrapped."""
+    from aspire_bench.harness import store_cli
+    from aspire_bench.harness.bench import BenchRow, bench_table
+    with Store(store) as s:
+        recs = [s.get_run(i) for i in (1, 2, 3)]
+    recs[1].aggregates.update(speedup_vs_ar=1.0512, speedup_vs_ar_ci95_low=0.981, speedup_vs_ar_ci95_high=1.1034,
+                              prefill_in_decode_s=1.5, prefill_wall_s=3.25)
+    recs[1].config["decoder"] = "aspire-norefresh"
+    for columns in (None, "all"):
+        _whole_at([tables.summary_table(recs, "code-completion on tiny", columns=columns)], width)
+        rows = [BenchRow("16k", 8, "greedy", r) for r in recs]
+        for r in recs:
+            r.aggregates.update(decode_tok_s_median=1234.5, decode_tok_s_min=1200.25, decode_tok_s_max=1250.75,
+                                req_accepted_len_p0=1.5, req_accepted_len_p100=4.25, n_requests=16, repeats=3)
+        rows[1].figures.update(speedup_vs_ar=1.05, speedup_vs_ar_ci95=[0.98, 1.1], speedup_vs_best_baseline=0.97,
+                               speedup_vs_best_baseline_ci95=[0.91, 1.02], bound_share=0.82, allowed_speedup=1.31)
+        _whole_at([bench_table(rows, 40e9, columns)], width)
+        shown = []
+
+        def capture(t, fmt, data=None, shown=shown):
+            shown.extend([t] if hasattr(t, "columns") else t)
+        monkeypatch.setattr(store_cli, "emit", capture)
+        for args in (["runs", "--store", store], ["show", "2", "--store", store]):
+            r = CliRunner().invoke(CMD[args[0]], [*args[1:], *(["--columns", columns] if columns else [])])
+            assert r.exit_code == 0, r.output
+        out = _whole_at(shown, width)
+        assert "aspire" in out and "16k" in out
+
+
+def test_columns_choose_and_refuse_with_a_suggestion():
+    assert tables.choose_columns(["a", "b", "c"], None, ("c", "a")) == ["a", "c"]
+    assert tables.choose_columns(["a", "b", "c"], "all") == ["a", "b", "c"]
+    assert tables.choose_columns(["decode_tok_s", "score_mean"], "score_mean,decode_tok_s") == ["score_mean", "decode_tok_s"]
+    with pytest.raises(aspire_bench.errors.UserError, match="did you mean decode_tok_s"):
+        tables.choose_columns(["decode_tok_s", "score_mean"], "decode_toks")
+
+
+def test_python_api_reads_the_clis_default_store_and_speaks_python(store, monkeypatch, tmp_path):
+    monkeypatch.setenv("ASPIRE_BENCH_STORE", store)
+    assert list(aspire_bench.results()["run_id"]) == [1, 2, 3]  # the store the CLI would use
+    with pytest.raises(aspire_bench.errors.StoreError) as e:
+        aspire_bench.results(str(tmp_path / "none.db"))
+    assert "store=PATH" in str(e.value) and "--store" not in str(e.value)
+    with pytest.raises(aspire_bench.errors.ConfigError, match="did you mean context_len"):
+        aspire_bench.run(contxt_len="4k", store=None)
+
+
+def test_every_command_help_ends_with_examples_and_decoders_are_described():
+    import click
+
+    from aspire_bench.cli import main
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            yield [*prefix, name]
+            if isinstance(cmd, click.Group):
+                yield from walk(cmd, [*prefix, name])
+    for path in walk(main, []):
+        if path[0] in ("lm-eval", "train-tiny"):  # their --help is the wrapped tool's own
+            continue
+        out = cli(*path, "--help").output
+        assert "Examples:" in "\n".join(out.rstrip().splitlines()[-3:]), path  # one or two examples end it
+        assert "9223372036854775807" not in out, path
+    listed = cli("decoders").output.splitlines()
+    assert any(line.startswith("aspire-fixed") and "[ablation]" in line for line in listed)
+    assert any(line.startswith("ar ") and "autoregressive" in line for line in listed)

@@ -89,8 +89,8 @@ def test_bench_json_contract(random_tiny, tmp_path):
     """`aspire-bench bench` at tiny sizes: default and tuned baseline rows, intervals, bound share, the
     JSON keys of the contract; parity under greedy; the same work for every decoder."""
     out, res = tmp_path / "bench.json", tmp_path / "result.json"
-    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k",
-                                  "--batch-sizes", "2", "--limit", "4", "--decoders", "ar,magicdec,aspire",
+    r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--context-len", "1k",
+                                  "--batch-size", "2", "--limit", "4", "--decoders", "ar,magicdec,aspire",
                                   "--repeat", "2", "--sampling", "greedy", "--max-new-tokens", "6",
                                   "--store", str(tmp_path / "b.db"), "--json", str(out), "--save-result", str(res),
                                   "--percentiles", "50,99"],
@@ -127,7 +127,7 @@ def test_bench_json_contract(random_tiny, tmp_path):
     vllm = json.loads(res.read_text())
     assert len(vllm) == len(rows) and vllm[0]["completed"] == 4 and "p99_tpot_ms" in vllm[0]
     assert vllm[0]["total_output_tokens"] == 24 and vllm[0]["request_throughput"] > 0
-    for col in ("x best baseline", "bound share", "tuned", "TPOT p50 ms"):
+    for col in ("× best baseline", "bound share", "tuned", "TPOT p50 ms"):
         assert col in r.output
     db = sqlite3.connect(tmp_path / "b.db")
     assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
