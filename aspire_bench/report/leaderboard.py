@@ -149,13 +149,27 @@ def _flat(config: dict, prefix: str = "") -> dict[str, str]:
 _NOT_SETUP = NON_IDENTITY_KEYS | figures.MEASUREMENT_KEYS | {"decoder", "model", "task", *figures.CONTEXT_KEYS, *figures.DECODER_SETTINGS_KEYS}
 
 
+def setup_of(run: RunRecord) -> dict[str, str]:
+    """The run's config entries other than its model, task, context and decoder, flattened."""
+    return {k: v for k, v in _flat(run.config).items() if k.split(".")[0] not in _NOT_SETUP}
+
+
+def name_setups(setups: list[dict[str, str]]) -> list[str]:
+    """Per setup, `key=value, ...` of the entries that differ between them (all equal: "")."""
+    keys = sorted({k for f in setups for k in f})
+    varying = [k for k in keys if len({f.get(k) for f in setups}) > 1]
+    return [", ".join(f"{k}={f.get(k, '—')}" for k in varying) for f in setups]
+
+
 def _set_setups(rows: list[Row]) -> None:
     """Name the config entries that differ between rows, so two rows never look the same."""
-    flats = [{k: v for k, v in _flat(r.run.config).items() if k.split(".")[0] not in _NOT_SETUP} for r in rows]
-    keys = sorted({k for f in flats for k in f})
-    varying = [k for k in keys if len({f.get(k) for f in flats}) > 1]
-    for row, flat in zip(rows, flats):
-        row.setup = ", ".join(f"{k}={flat.get(k, '—')}" for k in varying)
+    for row, setup in zip(rows, name_setups([setup_of(r.run) for r in rows])):
+        row.setup = setup
+
+
+def group_name(run: RunRecord) -> str:
+    """A group as people name it: the sweep (or `bench`) that ran it and when, e.g. `demo 2026-12-04 14:05`."""
+    return f"{run.sweep or run.tag or 'run'} {run.created_at[:16].replace('T', ' ')}"
 
 
 def best_values(board: Board) -> dict[str, float]:
