@@ -10,7 +10,7 @@ from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.report import definitions, diagnostics
 from aspire_bench.report.html import page
-from aspire_bench.report.leaderboard import build, load_runs
+from aspire_bench.report.leaderboard import build, load_runs, simulated_by_source
 from aspire_bench.report.pages import PLOTLY_JS, header_meta, render_index, render_run
 from aspire_bench.report.projected import render_projected
 
@@ -39,9 +39,10 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
         if docs:
             _write(out / diagnostics.DEFINITIONS, page("Diagnostics: definitions", _doc("diagnostics.md"), meta=dmeta))
     # Simulated runs: a page of their own, never mixed into the leaderboards.
-    _write(out / "projected.html", render_projected(load_runs(store_path, kind="simulated"), meta))
+    simulated = load_runs(store_path, kind="simulated")
+    _write(out / "projected.html", render_projected(simulated, meta))
     index = out / "index.html"
-    _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags)))
+    _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags), simulated_by_source(simulated)))
     return index
 
 

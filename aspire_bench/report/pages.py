@@ -11,7 +11,16 @@ from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
 from aspire_bench.report import plots
 from aspire_bench.report.html import DASH, cell, esc, fmt, mapping_table, page, table
-from aspire_bench.report.leaderboard import COLUMNS, MILLIS, Board, Leaderboards, Row, best_values, group_name
+from aspire_bench.report.leaderboard import (
+    COLUMNS,
+    MILLIS,
+    Board,
+    Leaderboards,
+    Row,
+    best_values,
+    bound_sentence,
+    group_name,
+)
 
 PLOTLY_JS = "plotly.min.js"
 # Environment entries summarised in every page's header.
@@ -107,17 +116,28 @@ def _group_cell(run: RunRecord) -> str:
     return cell(name, html=f"<span title=\"group {esc(run.group)}\">{esc(name)}</span>")
 
 
-def board_section(board: Board) -> str:
+def bounds_note(board: Board, simulated: dict) -> str:
+    lines = [t for t in (bound_sentence(r, board, simulated) for r in board.rows) if t]
+    if not lines:
+        return ""
+    return ("<div class=\"bounds\"><p class=\"note\">What bounds each decoder here "
+            "(<a href=\"metrics.html#the-bound\">bound share</a>):</p><ul>"
+            + "".join(f"<li>{esc(t)}</li>" for t in lines) + "</ul></div>")
+
+
+def board_section(board: Board, simulated: dict | None = None) -> str:
     plot_divs = [p for p in (plots.accepted_length_distribution(board, f"acc-{board.slug}"),
                              plots.acceptance_by_position(board, f"pos-{board.slug}"),
                              plots.latency_cdf(board, f"tpot-{board.slug}"),
                              plots.draft_trajectories(board, f"draft-{board.slug}")) if p]
-    return (f"<h3 id=\"{esc(board.slug)}\">{esc(board.title)}</h3>{board_table(board)}"
+    return (f"<h3 id=\"{esc(board.slug)}\">{esc(board.title)}</h3>{board_table(board)}{bounds_note(board, simulated or {})}"
             f"<div class=\"plots\">{''.join(plot_divs)}</div>")
 
 
-def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str = "") -> str:
-    """`diagnostics`: the link to the diagnostics page (HTML), when the store has any."""
+def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str = "",
+                 simulated: dict | None = None) -> str:
+    """`diagnostics`: the link to the diagnostics page (HTML), when the store has any; `simulated`:
+    replays of stored runs by the id of the run they replay (leaderboard.simulated_by_source)."""
     by_model_task: dict[tuple[str, str], list[Board]] = defaultdict(list)
     for b in lb.boards:
         by_model_task[(b.model, b.task)].append(b)
@@ -134,7 +154,7 @@ def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str
                                       f"{model} · {task}")
         if sp:
             parts.append(f"<div class=\"plots wide\">{sp}</div>")
-        parts.extend(board_section(b) for b in boards)
+        parts.extend(board_section(b, simulated) for b in boards)
     parts.append(_runs_section(lb.runs))
     return page("aspire-bench leaderboards", "".join(parts), meta=header_meta(lb.runs, now), scripts=[PLOTLY_JS])
 
