@@ -191,6 +191,8 @@ def best_values(board: Board) -> dict[str, float]:
 SIMULATOR_ERROR = 0.10
 # Below this share of the speedup its acceptance and step costs allow, overhead bounds a decoder.
 OVERHEAD_BOUND = 0.85
+# Above 1 + this, a share says more about the step costs' moment than about the decoder.
+OVER_BOUND = 0.05
 
 
 def simulated_by_source(simulated: list[RunRecord]) -> dict[int, RunRecord]:
@@ -219,7 +221,10 @@ def bound_sentence(row: Row, board: Board, simulated: dict[int, RunRecord]) -> s
         parts.append(f"a draft step costs {c:.2f} of an AR step")
     allowed, share = a.get("allowed_speedup"), a.get("bound_share")
     if allowed is not None and share is not None:
-        if allowed <= 1.0:
+        if share > 1 + OVER_BOUND:
+            why = (f"it measured {share:.0%} of the {allowed:.2f}× its acceptance and step costs allow, more than "
+                   "they allow: the step costs were timed in another state of the machine than the run")
+        elif allowed <= 1.0:
             why = f"acceptance and draft cost bound it: they allow {allowed:.2f}× at best here"
         elif share < OVERHEAD_BOUND:
             why = (f"overhead bounds it: it reaches {share:.0%} of the {allowed:.2f}× its acceptance and step "

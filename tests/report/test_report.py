@@ -28,7 +28,7 @@ from aspire_bench.decoders.base import (
     StepTrace,
 )
 from aspire_bench.harness.parity import RunParity, compare
-from aspire_bench.harness.records import from_output
+from aspire_bench.harness.records import RunRecord, from_output
 from aspire_bench.harness.store import Store
 from aspire_bench.report import write_report
 from aspire_bench.report.cli import COMMANDS
@@ -492,3 +492,30 @@ def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         _chromium()
+
+
+@pytest.mark.parametrize("allowed, share, why", [
+    (1.5, 0.95, "acceptance and draft cost bound it: it reaches 95% of the 1.50× they allow"),
+    (1.5, 0.6, "overhead bounds it: it reaches 60% of the 1.50× its acceptance and step costs allow"),
+    (0.8, 0.9, "acceptance and draft cost bound it: they allow 0.80× at best here"),
+    (0.8, 1.2, "it measured 120% of the 0.80× its acceptance and step costs allow, more than they allow"),
+])
+def test_bound_sentence_names_what_bounds_a_decoder(allowed, share, why):
+    from aspire_bench.report.leaderboard import Board, Row, bound_sentence
+
+    def row(decoder, run_id, **agg):
+        rec = RunRecord(config={"decoder": decoder}, config_hash=decoder, env=ENV, group="g", run_id=run_id,
+                        aggregates=agg, info={"step_costs": {"c_window": 0.4}})
+        return Row(decoder, decoder, decoder, "g", [rec], {"speedup": agg.get("s"), **agg})
+    ar = row("ar", 1)
+    md = row("magicdec", 2, s=1.2, draft_acceptance_rate=0.5, mean_accepted_len=2.5, allowed_speedup=allowed,
+             bound_share=share)
+    board = Board("tiny", "needle", "4k", [ar, md])
+    text = bound_sentence(md, board, {})
+    assert text.startswith(f"magicdec: {why}") and "(1.20× AR; 50% of drafts accepted, 2.50 tokens per " \
+        "verification; a draft step costs 0.40 of an AR step)" in text and "simulator" not in text
+    sim = {i: RunRecord(config={}, config_hash="", env={}, aggregates={"decode_tok_s": t}) for i, t in ((1, 10.0), (2, 11.5))}
+    assert "predicts 1.15× (-4%), within its stated ±10%." in bound_sentence(md, board, sim)
+    sim[2].aggregates["decode_tok_s"] = 15.0
+    assert "predicts 1.50× (+25%), outside its stated ±10%" in bound_sentence(md, board, sim)
+    assert bound_sentence(ar, board, sim) is None
