@@ -19,7 +19,7 @@ table.sortable th{cursor:pointer;user-select:none} table.sortable th:after{conte
 td.best{font-weight:700;background:#e4f5e4} td.best:before{content:"★ ";color:#2a8a2a}
 a.def{display:inline-block;width:1.1em;height:1.1em;line-height:1.1em;border:1px solid #669;border-radius:50%;
 text-align:center;font:italic 700 .7em Georgia,serif;color:#669;text-decoration:none;vertical-align:.15em}
-.scroll{max-width:100%;overflow-x:auto} td.l{overflow-wrap:anywhere}
+.scroll{max-width:100%;overflow-x:auto} table:not(.leaderboard) td.l{overflow-wrap:anywhere}
 .plot-title{font-weight:600;font-size:.95rem;padding:.4rem .6rem 0}
 .doc td,.doc th{text-align:left}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(460px,100%),1fr));gap:1rem}

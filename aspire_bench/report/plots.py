@@ -79,6 +79,10 @@ def speedup_vs_context(boards: Sequence[Board], div_id: str, title: str) -> str 
                                  meta=key[1], error_y=err if any(ci) else None, text=hover,
                                  hovertemplate="%{text}<extra>" + escape(name) + "</extra>"))
     _style(fig)
+    xs = {x for pts in series.values() for x, *_ in pts}
+    if len(xs) == 1:  # one context: a readable axis around it, not plotly's ±1 token
+        x = next(iter(xs))
+        fig.update_xaxes(range=[0.5 * x, 1.5 * x])
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     return _div(fig, div_id, title, "context length (median prompt tokens)", "speedup over AR (×), 95% interval")
 
