@@ -329,9 +329,9 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
     batch_sizes = merge_alias(batch_sizes, batch_sizes_alias, [1, 8], "--batch-size", "--batch-sizes")
     from .decoders import get_decoder
     from .decoders.base import sampling_in_range
-    from .harness.bench import bench, bench_table, parse_sampling
+    from .harness.bench import bench, bench_table, parse_sampling, state_notes
     from .harness.records import vllm_result
-    from .harness.store import check_store_path
+    from .harness.store import Store, check_store_path
     from .harness.tables import emit, info
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
@@ -363,6 +363,9 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
         write_json(save_result, [{**vllm_result(r.record, qs), "context": r.context, "sampling": r.sampling,
                                   "tuned": r.tuned} for r in rows])
     info(f"stored {len(rows)} runs in {store}", fmt)
+    with Store(store, readonly=True) as st:  # a cell measured before in another machine state: say so
+        for note in state_notes(st, rows):
+            info(note, fmt)
 
 
 @main.command("train-tiny", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

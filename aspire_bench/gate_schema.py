@@ -25,6 +25,7 @@ class Entry(_Strict):
     speedup: Share | None = None
     mean_accepted_len: Share | None = None
     draft_acceptance_rate: Share | None = None
+    bound_share: Share | None = None
     score_mean: Share | None = None
     parity_identical_pct: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     parity_n: Count | None = None

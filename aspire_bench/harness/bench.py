@@ -1,13 +1,17 @@
 """`aspire-bench bench`: decoders side by side on the same requests, in one process.
 
 Per (context, batch size, sampling) cell: one group; every decoder runs the same requests (at least
-MIN_REQUESTS) with a warm-up and R measured repeats, repeat i with sampling seed seed + i and the
-decoders in an order rotated by i, each request generating exactly max_new_tokens (EOS ignored, as
-throughput benchmarks do, so every decoder does the same work under sampling too). Tunable baselines
-get a second, tuned row (tuning.py). Ratios carry bootstrap intervals over requests x repeats; the
-cell's step costs give each speculative row its bound share (docs/metrics.md). After every run of
-every repeat a round of ASPIRE's calibration grid is timed; each run keeps, for the simulator, the
-fit of the round timed right after its traced repeat and the fit of all the cell's rounds pooled.
+MIN_REQUESTS) with a warm-up and R measured repeats, repeat i with sampling seed seed + i, each
+request generating exactly max_new_tokens (EOS ignored, as throughput benchmarks do, so every decoder
+does the same work under sampling too). Each repeat runs in rounds, one per slice of the requests (at
+least a batch each; MIN_ROUNDS rounds in all where the requests allow): a round probes the machine's
+memory read bandwidth and FMA throughput, then runs every decoder on its slice in an order rotated
+round by round, so the machine's drift falls on every decoder alike. Tunable baselines get a second,
+tuned row (tuning.py). Ratios carry bootstrap intervals, the wider of one over requests x repeats and
+one over rounds (blocks in time); the cell's step costs give each speculative row its bound share
+(docs/metrics.md). After every run's repeat a round of ASPIRE's calibration grid is timed; each run
+keeps, for the simulator, the fit of the round timed right after its traced repeat and the fit of
+all the cell's rounds pooled.
 The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
 prefill anyway; TTFT is therefore not meaningful here).
 Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
@@ -22,13 +26,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..decoders.base import PAPER_SAMPLING
+from ..decoders.base import PAPER_SAMPLING, GenerationOutput
 from ..decoders.calibration import calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
+from .generation import generate
 from .parity import check_tolerance, resolve_tolerance
-from .runner import RunConfig, finish, load_engine, measure_repeat, prepare, traced_repeat
+from .runner import RunConfig, finish, load_engine, prepare, traced_repeat
 from .step_costs import DRAFT_KIND, measure_cell
 from .store import save_record
 from .tuning import TUNE_GRIDS
@@ -41,6 +46,10 @@ SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (PAPER_SAMPLING.temperature, PAPE
 # intervals sample prompts, not only timing noise.
 MIN_REQUESTS = 16
 STEP_COST_REPEATS = 3
+# Rounds per cell (repeats x slices) where the requests allow slices of at least a batch.
+MIN_ROUNDS = 6
+# Seconds each probe of the machine's state (memory read, FMA) takes per round.
+PROBE_S = 0.08
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,44 @@ def memory_read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
         x.sum()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times)
+
+
+class MachineProbe:
+    """Memory read bandwidth (GB/s, a full `sum` of a tensor well beyond the last-level cache) and FMA
+    throughput (GFLOP/s, a 512 x 512 fp32 matmul), each the median rate over ~PROBE_S seconds of
+    repeats: the machine's state at one moment, cheap enough for every round."""
+
+    def __init__(self, nbytes: int = 1 << 27, n: int = 512):
+        self.x = torch.ones(nbytes // 4)
+        self.a, self.b, self.c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+        self.nbytes, self.flops = nbytes, 2 * n ** 3
+
+    def __call__(self, seconds: float = PROBE_S) -> dict:
+        return {"mem_gbs": _rate(self.x.sum, self.nbytes, seconds) / 1e9,
+                "fma_gflops": _rate(lambda: torch.mm(self.a, self.b, out=self.c), self.flops, seconds) / 1e9}
+
+
+def _rate(fn, work: float, seconds: float) -> float:
+    fn()
+    rates, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or len(rates) < 3:
+        t0 = time.perf_counter()
+        fn()
+        rates.append(work / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def slices(n_requests: int, batch_size: int, repeat: int, rounds: int = MIN_ROUNDS) -> list[range]:
+    """Contiguous slices of the requests for the rounds of one repeat: enough for `rounds` rounds over
+    the repeats, each at least a batch (a slice smaller than a batch would measure another regime)."""
+    k = max(1, min(n_requests // max(batch_size, 1), -(-rounds // repeat)))
+    bounds = [round(j * n_requests / k) for j in range(k + 1)]
+    return [range(bounds[j], bounds[j + 1]) for j in range(k)]
+
+
+def state_range(rounds: list[dict], key: str) -> tuple[float, float] | None:
+    values = [r[key] for r in rounds if r.get(key) is not None]
+    return (min(values), max(values)) if values else None
 
 
 def bytes_read(rec: records.RunRecord, weight_bytes: int, kv_bytes_per_position: int) -> float:
@@ -136,8 +183,10 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
           show_progress: bool = True, tune: bool = True, percentiles=metrics.DEFAULT_PERCENTILES,
           bound: bool = True, parity_tolerance: float | None = None,
-          calibration_rounds: bool = True) -> tuple[list[BenchRow], float]:
+          calibration_rounds: bool = True, rounds: int = MIN_ROUNDS, name: str = "bench") -> tuple[list[BenchRow], float]:
     """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
+    rounds: how many rounds (repeats x slices of the requests) each cell aims for (slices()); name: the
+    runs' sweep name (what the leaderboard calls their group, e.g. "demo");
     bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
     round after every run and store the fits with their samples (info["adjacent_calibration"],
     info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
@@ -148,6 +197,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
     bandwidth = memory_read_bandwidth()
+    probe = MachineProbe()
     c = engine.cfg
     kv_per_pos = 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.tensor([], dtype=engine.dtype).element_size()
     weights = engine.model.weight_bytes()
@@ -158,6 +208,9 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
         a["bytes_per_token"] = total / a["generated_tokens"] if a.get("generated_tokens") else None
         a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
         a["memory_bw_gbs"] = bandwidth / 1e9
+        for key, agg in (("mem_gbs", "memory_bw_gbs"), ("fma_gflops", "fma_gflops")):
+            lo_hi = state_range(rec.info.get("rounds", []), key)
+            a[f"{agg}_min"], a[f"{agg}_max"] = lo_hi or (None, None)
 
     base = RunConfig(model=model, task=task, max_new_tokens=max_new_tokens, seed=seed, repeat=repeat, dtype=dtype,
                      device=device, attention_backend=attention_backend, ignore_eos=True)
@@ -170,7 +223,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
                     cell = replace(base, context_len=ctx, batch_size=bs, limit=limit or max(MIN_REQUESTS, bs),
                                    temperature=smp.temperature, top_k=smp.top_k, top_p=smp.top_p)
                     cell_rows, interrupted = _cell(engine, cell, decoders, tune, show_progress, percentiles,
-                                                   tolerance, calibration_rounds)
+                                                   tolerance, calibration_rounds, probe, rounds, name)
                     for r in cell_rows:
                         r.context, r.sampling = ctx, smp.name
                         add_bandwidth(r.record)
@@ -217,26 +270,39 @@ def _entries(decoders, tune: bool) -> list[tuple[str, tuple, bool]]:
 
 
 def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, percentiles,
-          tolerance: float, calibration_rounds: bool = True) -> list[BenchRow]:
-    """Every decoder on one cell's requests, as one group. Repeat i runs the decoders in an order rotated
-    by i (drift on a shared machine falls on each in turn) with sampling seed seed + i. Greedy rows get
-    parity against the cell's AR run. Returns (rows, the KeyboardInterrupt that cut the repeats short
-    or None): an interrupted cell keeps the whole rounds every decoder finished."""
+          tolerance: float, calibration_rounds: bool = True, probe=None, n_rounds: int = MIN_ROUNDS,
+          name: str = "bench"):
+    """Every decoder on one cell's requests, as one group, in rounds: repeat i (sampling seed seed + i)
+    runs slice by slice; each slice is a round that probes the machine, then runs every decoder on the
+    slice in an order rotated round by round. A repeat's slices make one output per decoder. Greedy
+    rows get parity against the cell's AR run. Returns (rows, the KeyboardInterrupt that cut the
+    repeats short or None): an interrupted cell keeps the whole repeats every decoder finished."""
     group = records.new_group_id()
     entries = _entries(decoders, tune)
     prepared = {e: prepare(replace(cell, decoder=e[0], decoder_args=dict(e[1]), tune=e[2]), engine, show_progress)
                 for e in entries}
+    reqs = prepared[entries[0]].reqs
+    parts = slices(len(reqs), cell.batch_size, cell.repeat, n_rounds)
     outputs = {e: [] for e in entries}
     rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
+    machine: list[dict] = []  # one per round: the probe, the slice and the order the decoders ran in
     try:
         for i in range(cell.repeat):
-            k = i % len(entries)
-            for e in entries[k:] + entries[:k]:
-                outputs[e].append(measure_repeat(prepared[e], i, show_progress))
-                if calibration_rounds:
-                    rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
+            pieces = {e: [] for e in entries}
+            for s, part in enumerate(parts):
+                k = len(machine)
+                order = entries[k % len(entries):] + entries[:k % len(entries)]
+                state = probe() if probe is not None else {}
+                machine.append({"round": k, "repeat": i, "slice": s, **state,
+                                "requests": [reqs[j].id for j in part], "order": [_entry_label(e) for e in order]})
+                for e in order:
+                    pieces[e].append(_measure_slice(prepared[e], i, part, show_progress))
+                    if calibration_rounds and s == len(parts) - 1:
+                        rounds[e, i] = _calibration_round(engine, cell, seed=len(rounds))
+            for e in entries:
+                outputs[e].append(_joined(pieces[e]))
     except KeyboardInterrupt as stop:
-        # Keep the repeats every decoder finished (whole rounds, so the ratios stay side by side); the
+        # Keep the repeats every decoder finished (whole repeats, so the ratios stay side by side); the
         # caller stores them and stops.
         done = min(len(o) for o in outputs.values())
         if not done:
@@ -244,6 +310,7 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
         for o in outputs.values():
             del o[done:]
         rounds = {key: r for key, r in rounds.items() if key[1] < done}
+        machine = [m for m in machine if m["repeat"] < done]
         interrupted = stop
     else:
         interrupted = None
@@ -252,17 +319,41 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     records_of, ar = {}, None
     for e in sorted(entries, key=lambda e: e[0] != "ar"):
         prepared[e].info["verifications"] = [list(v) for o in outputs[e] for r in o.results for v in r.verifications]
+        prepared[e].info["rounds"] = machine
         if rounds:
             after = rounds[e, traced_repeat(outputs[e])]  # calibrate() fitted its own samples already
             prepared[e].info["adjacent_calibration"] = {**after, "source": "adjacent calibration", "rounds": 1}
             prepared[e].info["interleaved_calibration"] = pooled
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
-        records_of[e] = finish(prepared[e], outputs[e], group=group, sweep="bench", show_progress=show_progress,
+        records_of[e] = finish(prepared[e], outputs[e], group=group, sweep=name, show_progress=show_progress,
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
         if e[0] == "ar" and ar is None:
             ar = records_of[e]
     rows = [BenchRow(cell.context_len, cell.batch_size, "", records_of[e], tuned=e[2]) for e in entries]
     return rows, interrupted
+
+
+def _entry_label(e: tuple) -> str:
+    name, args, tuned = e
+    return name + (f"({', '.join(f'{k}={v}' for k, v in args)})" if args else "") + (" tuned" if tuned else "")
+
+
+def _measure_slice(p, i: int, part: range, show_progress: bool) -> GenerationOutput:
+    """Repeat i (seed + i) of run p on the requests of one slice."""
+    return generate(p.decoder, {}, p.engine, [p.reqs[j] for j in part], replace(p.params, seed=p.cfg.seed + i),
+                    p.cfg.batch_size, f"{p.cfg.decoder} {i + 1}/{p.cfg.repeat}", show_progress)
+
+
+def _joined(pieces: list[GenerationOutput]) -> GenerationOutput:
+    """One repeat's slices as one output: their requests in order and their steps. Decode time is the
+    sum of the steps' walls (metrics.decode_wall_time), so the other decoders' runs between slices
+    count for nothing; the output spans the slices' own durations."""
+    if len(pieces) == 1:
+        return pieces[0]
+    steps = [replace(st, index=n) for n, st in enumerate(st for o in pieces for st in o.steps)]
+    t0 = pieces[0].t_start
+    return GenerationOutput([r for o in pieces for r in o.results], steps, t0,
+                            t0 + sum(o.t_end - o.t_start for o in pieces), info=pieces[-1].info)
 
 
 def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
@@ -291,18 +382,20 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
     """speedup_vs_ar (+ _ci95), speedup_vs_best_baseline (+ _ci95) and bound_share per row of one cell.
 
     Ratios pool every request of every repeat: (Σ tokens / Σ decode seconds) of the row over the same
-    of the reference; intervals resample (request, repeat) pairs (metrics.ratio_ci). The best baseline is
+    of the reference; intervals resample (request, repeat) pairs and, apart, whole rounds
+    (metrics.ratio_ci), the wider kept. The best baseline is
     the baseline row, tuned or at its default, with the highest speedup over AR on the measured
     requests: tuning picks gamma from short runs on other prompts, and where its pick measures
     slower than the default, the default is the stronger baseline."""
     samples = {id(r): _samples(r.record) for r in rows}
+    blocks = _blocks(rows[0].record) if rows else {}
     ar = next((r for r in rows if r.decoder == "ar"), None)
     for r in rows:
         f = r.figures
         f["speedup_vs_ar"] = f["speedup_vs_ar_ci95"] = None
         if ar is not None:
             f["speedup_vs_ar"] = metrics.ratio(samples[id(r)], samples[id(ar)])
-            f["speedup_vs_ar_ci95"] = _ci(samples[id(r)], samples[id(ar)])
+            f["speedup_vs_ar_ci95"] = _ci(samples[id(r)], samples[id(ar)], blocks)
     baselines = [r for r in rows if r.decoder in BASELINES]
     best = max(baselines, key=lambda r: metrics.ratio(samples[id(r)], samples[id(ar or r)]) or 0.0, default=None)
     for r in rows:
@@ -312,7 +405,7 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
         f["speedup_vs_best_baseline"] = f["speedup_vs_best_baseline_ci95"] = None
         if spec and best is not None:
             f["speedup_vs_best_baseline"] = metrics.ratio(samples[id(r)], samples[id(best)])
-            f["speedup_vs_best_baseline_ci95"] = _ci(samples[id(r)], samples[id(best)])
+            f["speedup_vs_best_baseline_ci95"] = _ci(samples[id(r)], samples[id(best)], blocks)
         f["allowed_speedup"] = f["bound_share"] = None
         # the cell's step costs are those of each decoder's default view: none for a row given settings
         if spec and costs is not None and r.decoder in DRAFT_KIND and not r.given:
@@ -336,9 +429,17 @@ def _samples(rec: records.RunRecord) -> dict:
     return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.info.get("decode_samples", [])}
 
 
-def _ci(num: dict, den: dict) -> list[float] | None:
-    ci = metrics.ratio_ci(num, den)
-    return list(ci) if ci is not None else None
+def _blocks(rec: records.RunRecord) -> dict:
+    """(request id, repeat) -> the round that measured it."""
+    return {(rid, m["repeat"]): m["round"] for m in rec.info.get("rounds", []) for rid in m["requests"]}
+
+
+def _ci(num: dict, den: dict, blocks: dict | None = None) -> list[float] | None:
+    """The wider of the intervals over requests x repeats and over rounds (blocks in time): the first
+    sees the prompts' spread, the second the machine's drift between rounds."""
+    cis = [ci for ci in (metrics.ratio_ci(num, den), metrics.ratio_ci(num, den, blocks=blocks) if blocks else None)
+           if ci is not None]
+    return list(max(cis, key=lambda c: c[1] - c[0])) if cis else None
 
 
 def _fmt_ratio(x, ci) -> str:
@@ -349,6 +450,37 @@ def _fmt_ratio(x, ci) -> str:
 
 def _ms(a: dict, key: str) -> str:
     return f"{a[key] * 1e3:,.1f}" if a.get(key) is not None else "—"
+
+
+def machine_state(rows: list[BenchRow]) -> str:
+    """`; rounds: memory 27.3-42.7 GB/s, FMA 106-114 GFLOP/s`: the range the rounds' probes saw."""
+    rounds = list({id(m): m for r in rows for m in r.record.info.get("rounds", [])}.values())
+    mem, fma = state_range(rounds, "mem_gbs"), state_range(rounds, "fma_gflops")
+    if mem is None or fma is None:
+        return ""
+    return (f"; {len(rounds)} rounds: memory {mem[0]:.1f}-{mem[1]:.1f} GB/s, "
+            f"FMA {fma[0]:.0f}-{fma[1]:.0f} GFLOP/s")
+
+
+def state_notes(store, rows: list[BenchRow]) -> list[str]:
+    """A line per cell whose machine state (the rounds' memory bandwidth) lies outside the range an earlier
+    stored run of the same cell and decoder saw: the two runs' intervals need not overlap."""
+    notes = []
+    for r in rows:
+        now = state_range(r.record.info.get("rounds", []), "mem_gbs")
+        if now is None or r.decoder != "ar":
+            continue
+        for s in store.list_runs(config_hash=r.record.config_hash):
+            if s["run_id"] == r.record.run_id:
+                continue
+            lo, hi = s["aggregates"].get("memory_bw_gbs_min"), s["aggregates"].get("memory_bw_gbs_max")
+            if lo is None or hi is None or (lo <= now[0] and now[1] <= hi):
+                continue
+            notes.append(f"machine state moved: the {r.context} x {r.batch_size} {r.sampling} cell's rounds read memory "
+                         f"at {now[0]:.1f}-{now[1]:.1f} GB/s, run #{s['run_id']} of the same cell ({s['created_at'][:16]}) "
+                         f"at {lo:.1f}-{hi:.1f} GB/s: their intervals need not overlap")
+            break
+    return notes
 
 
 # The compact view of `bench`: the cell, the row, its ratios and what explains them.
@@ -409,8 +541,8 @@ def bench_table(rows: list[BenchRow], bandwidth: float, columns: str | None = No
                             f"({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})" if a.get("achieved_bw_gbs") else "—"),
     }
     names = choose_columns(list(cells), columns, BENCH_DEFAULT)
-    t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s); "
-                    "[95% bootstrap interval over requests x repeats]")
+    t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s{machine_state(rows)}); "
+                    "[95% bootstrap interval, the wider over requests x repeats and over rounds]")
     t.key_columns = sum(1 for c in names[:4] if c in ("context", "batch", "sampling", "decoder"))
     for name in names:
         t.add_column(cells[name][0], justify="left" if name in ("context", "sampling", "decoder") else "right")

@@ -252,24 +252,34 @@ Sample = tuple[int, float]  # (generated tokens, charged decode seconds) of one 
 
 
 def ratio_ci(num: Mapping, den: Mapping, n_boot: int = 2000, seed: int = 0,
-             level: float = 0.95) -> tuple[float, float] | None:
+             level: float = 0.95, blocks: Mapping | None = None) -> tuple[float, float] | None:
     """Percentile-bootstrap interval of (tokens/time of `num`) / (tokens/time of `den`).
 
     num and den map the same keys, (request id, repeat), to Samples: one resample draws len(keys)
     keys with replacement, the same keys for both (paired: a hard prompt is hard for both decoders),
-    and recomputes each side's total tokens / total time. None when the keys differ or are too few.
+    and recomputes each side's total tokens / total time. blocks (key -> block, e.g. the round in
+    time that measured it): resample whole blocks instead, so the interval sees what moves between
+    blocks (the machine's state). None when the keys differ or are too few (fewer than 2 blocks).
     """
     keys = sorted(num, key=str)
     if len(keys) < 2 or set(keys) != set(den):
         return None
-    a = [num[k] for k in keys]
-    b = [den[k] for k in keys]
+    groups: dict = {}
+    for k in keys:
+        groups.setdefault(blocks.get(k, k) if blocks is not None else k, []).append(k)
+    if len(groups) < 2:
+        return None
+    # per unit (a key or a block): summed (tokens, seconds) of each side
+    units = []
+    for members in groups.values():
+        units.append((sum(num[k][0] for k in members), sum(num[k][1] for k in members),
+                      sum(den[k][0] for k in members), sum(den[k][1] for k in members)))
     rng = random.Random(seed)
     ratios = []
     for _ in range(n_boot):
-        idx = [rng.randrange(len(keys)) for _ in keys]
-        at, as_ = sum(a[i][0] for i in idx), sum(a[i][1] for i in idx)
-        bt, bs = sum(b[i][0] for i in idx), sum(b[i][1] for i in idx)
+        idx = [rng.randrange(len(units)) for _ in units]
+        at, as_ = sum(units[i][0] for i in idx), sum(units[i][1] for i in idx)
+        bt, bs = sum(units[i][2] for i in idx), sum(units[i][3] for i in idx)
         if as_ > 0 and bs > 0 and bt > 0:
             ratios.append((at / as_) / (bt / bs))
     if not ratios:

@@ -25,7 +25,7 @@ from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
 NON_IDENTITY_KEYS = frozenset({"store", "store_path", "out", "output_dir", "tag", "sweep", "group", "verbose"})
 
 # record.info keys that are measurements kept with the run, not decoder settings.
-INFO_NOT_SETTINGS = frozenset({"decode_samples", "tuning", "verifications", "step_costs", "recall", "heterogeneity",
+INFO_NOT_SETTINGS = frozenset({"decode_samples", "rounds", "tuning", "verifications", "step_costs", "recall", "heterogeneity",
                                "adjacent_calibration", "interleaved_calibration"})
 
 # Column order of one step row in StepRecord.rows.

@@ -10,7 +10,7 @@ from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.report import definitions, diagnostics
 from aspire_bench.report.html import page
-from aspire_bench.report.leaderboard import build, load_runs
+from aspire_bench.report.leaderboard import build, load_runs, simulated_by_source
 from aspire_bench.report.pages import PLOTLY_JS, header_meta, render_index, render_run
 from aspire_bench.report.projected import render_projected
 
@@ -27,9 +27,8 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
     # The pages load plotly.js from this one local file: no CDN, and not 4.8 MB inlined into every page.
     _write(out / PLOTLY_JS, get_plotlyjs())
     meta = header_meta(runs, now)
-    _write(out / "metrics.html", page("Metric definitions", definitions.doc_body("metrics.md"), meta=meta))
-    _write(out / "leaderboard.html", page("How to read the leaderboard", definitions.doc_body("leaderboard.md"),
-                                          meta=meta))
+    _write(out / "metrics.html", page("Metric definitions", _doc("metrics.md"), meta=meta))
+    _write(out / "leaderboard.html", page("How to read the leaderboard", _doc("leaderboard.md"), meta=meta))
     sets = figures.repeat_sets(runs)
     for run in runs:
         _write(out / "runs" / f"run-{run.run_id}.html", render_run(run, sets.get((run.group, run.config_hash), ()), now))
@@ -38,13 +37,17 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
         dmeta, docs = header_meta(diags, now), (definitions.DOCS / "diagnostics.md").exists()
         _write(out / diagnostics.PAGE, diagnostics.render_diagnostics(diags, dmeta, [PLOTLY_JS], docs))
         if docs:
-            _write(out / diagnostics.DEFINITIONS, page("Diagnostics: definitions", definitions.doc_body("diagnostics.md"),
-                                                        meta=dmeta))
+            _write(out / diagnostics.DEFINITIONS, page("Diagnostics: definitions", _doc("diagnostics.md"), meta=dmeta))
     # Simulated runs: a page of their own, never mixed into the leaderboards.
-    _write(out / "projected.html", render_projected(load_runs(store_path, kind="simulated"), meta))
+    simulated = load_runs(store_path, kind="simulated")
+    _write(out / "projected.html", render_projected(simulated, meta))
     index = out / "index.html"
-    _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags)))
+    _write(index, render_index(lb, now, diagnostics.diagnostics_link(diags), simulated_by_source(simulated)))
     return index
+
+
+def _doc(name: str) -> str:
+    return f"<div class=\"doc\">{definitions.doc_body(name)}</div>"  # prose: left-aligned tables
 
 
 def _write(path: Path, text: str) -> None:

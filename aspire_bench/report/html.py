@@ -17,7 +17,11 @@ th,td{border:1px solid #dde;padding:.25rem .5rem;text-align:right;vertical-align
 th{background:#f2f4f8} td.l,th.l{text-align:left}
 table.sortable th{cursor:pointer;user-select:none} table.sortable th:after{content:" ⇅";color:#99a}
 td.best{font-weight:700;background:#e4f5e4} td.best:before{content:"★ ";color:#2a8a2a}
-a.def{text-decoration:none;color:#669;font-size:.8em}
+a.def{display:inline-block;width:1.1em;height:1.1em;line-height:1.1em;border:1px solid #669;border-radius:50%;
+text-align:center;font:italic 700 .7em Georgia,serif;color:#669;text-decoration:none;vertical-align:.15em}
+.scroll{max-width:100%;overflow-x:auto} table:not(.leaderboard) td.l{overflow-wrap:anywhere}
+.plot-title{font-weight:600;font-size:.95rem;padding:.4rem .6rem 0}
+.doc td,.doc th{text-align:left}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(460px,100%),1fr));gap:1rem}
 .plots.wide{grid-template-columns:1fr} .plot{min-width:0;overflow:hidden;border:1px solid #eee}
 .note{color:#556;font-size:.85rem} .bad{color:#b00020} pre{background:#f6f7fa;padding:.5rem;overflow:auto}
@@ -87,7 +91,7 @@ def mapping_table(data: Mapping, cls: str = "") -> str:
         f"<tr><th class=\"l\">{esc(k)}</th><td class=\"l\">"
         f"{esc(json.dumps(v) if isinstance(v, (dict, list)) else fmt(v))}</td></tr>"
         for k, v in data.items())
-    return f"<table class=\"{cls}\"><tbody>{rows}</tbody></table>"
+    return f"<div class=\"scroll\"><table class=\"{cls}\"><tbody>{rows}</tbody></table></div>"
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable], *, sortable: bool = True, cls: str = "") -> str:
@@ -95,7 +99,7 @@ def table(headers: Iterable[str], rows: Iterable[Iterable], *, sortable: bool = 
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
     classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
-    return f"<table class=\"{classes}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class=\"scroll\"><table class=\"{classes}\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def cell(value, spec: str = ".4g", *, extra_cls: str = "", html: str | None = None) -> str:

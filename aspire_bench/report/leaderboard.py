@@ -11,6 +11,7 @@ from pathlib import Path
 from aspire_bench.harness import figures
 from aspire_bench.harness.figures import cell
 from aspire_bench.harness.records import NON_IDENTITY_KEYS, RunRecord, canonical_json
+from aspire_bench.harness.step_costs import DRAFT_KIND
 from aspire_bench.harness.store import Store
 
 
@@ -149,13 +150,27 @@ def _flat(config: dict, prefix: str = "") -> dict[str, str]:
 _NOT_SETUP = NON_IDENTITY_KEYS | figures.MEASUREMENT_KEYS | {"decoder", "model", "task", *figures.CONTEXT_KEYS, *figures.DECODER_SETTINGS_KEYS}
 
 
+def setup_of(run: RunRecord) -> dict[str, str]:
+    """The run's config entries other than its model, task, context and decoder, flattened."""
+    return {k: v for k, v in _flat(run.config).items() if k.split(".")[0] not in _NOT_SETUP}
+
+
+def name_setups(setups: list[dict[str, str]]) -> list[str]:
+    """Per setup, `key=value, ...` of the entries that differ between them (all equal: "")."""
+    keys = sorted({k for f in setups for k in f})
+    varying = [k for k in keys if len({f.get(k) for f in setups}) > 1]
+    return [", ".join(f"{k}={f.get(k, '—')}" for k in varying) for f in setups]
+
+
 def _set_setups(rows: list[Row]) -> None:
     """Name the config entries that differ between rows, so two rows never look the same."""
-    flats = [{k: v for k, v in _flat(r.run.config).items() if k.split(".")[0] not in _NOT_SETUP} for r in rows]
-    keys = sorted({k for f in flats for k in f})
-    varying = [k for k in keys if len({f.get(k) for f in flats}) > 1]
-    for row, flat in zip(rows, flats):
-        row.setup = ", ".join(f"{k}={flat.get(k, '—')}" for k in varying)
+    for row, setup in zip(rows, name_setups([setup_of(r.run) for r in rows])):
+        row.setup = setup
+
+
+def group_name(run: RunRecord) -> str:
+    """A group as people name it: the sweep (or `bench`) that ran it and when, e.g. `demo 2026-12-04 14:05`."""
+    return f"{run.sweep or run.tag or 'run'} {run.created_at[:16].replace('T', ' ')}"
 
 
 def best_values(board: Board) -> dict[str, float]:
@@ -170,3 +185,66 @@ def best_values(board: Board) -> dict[str, float]:
         if col.better and values and (one_group or not col.raw):
             best[col.key] = max(values) if col.better == "high" else min(values)
     return best
+
+
+# The simulator's stated error on a run's decode tok/s (docs/simulator.md, "Validation").
+SIMULATOR_ERROR = 0.10
+# Below this share of the speedup its acceptance and step costs allow, overhead bounds a decoder.
+OVERHEAD_BOUND = 0.85
+# Above 1 + this, a share says more about the step costs' moment than about the decoder.
+OVER_BOUND = 0.05
+
+
+def simulated_by_source(simulated: list[RunRecord]) -> dict[int, RunRecord]:
+    """Simulated runs that replay a stored run, by the id of the run they replay (the newest replay)."""
+    out = {}
+    for r in simulated:
+        src = (r.config.get("simulated") or {}).get("source_run")
+        if isinstance(src, int):
+            out[src] = r
+    return out
+
+
+def bound_sentence(row: Row, board: Board, simulated: dict[int, RunRecord]) -> str | None:
+    """What bounds a speculative row here, in one sentence from its run's own figures: its speedup, the
+    speedup its acceptance allows at the cell's measured step costs (bound share), the cost of a draft
+    step, the acceptance; and the simulator's replay of the run beside the measurement, when stored."""
+    a, speedup = row.run.aggregates, row.value("speedup")
+    if row.decoder == figures.AR or speedup is None:
+        return None
+    rate, acc = row.value("draft_acceptance_rate"), row.value("mean_accepted_len")
+    parts = [f"{speedup:.2f}× AR"]
+    if rate is not None and acc is not None:
+        parts.append(f"{rate:.0%} of drafts accepted, {acc:.2f} tokens per verification")
+    c = (row.run.info.get("step_costs") or {}).get(f"c_{DRAFT_KIND.get(row.decoder, '')}")
+    if c is not None:
+        parts.append(f"a draft step costs {c:.2f} of an AR step")
+    allowed, share = a.get("allowed_speedup"), a.get("bound_share")
+    if allowed is not None and share is not None:
+        if share > 1 + OVER_BOUND:
+            why = (f"it measured {share:.0%} of the {allowed:.2f}× its acceptance and step costs allow, more than "
+                   "they allow: the step costs were timed in another state of the machine than the run")
+        elif allowed <= 1.0:
+            why = f"acceptance and draft cost bound it: they allow {allowed:.2f}× at best here"
+        elif share < OVERHEAD_BOUND:
+            why = (f"overhead bounds it: it reaches {share:.0%} of the {allowed:.2f}× its acceptance and step "
+                   "costs allow (time outside the measured steps: host work, scheduling)")
+        else:
+            why = f"acceptance and draft cost bound it: it reaches {share:.0%} of the {allowed:.2f}× they allow"
+    else:
+        why = "no step costs measured for this run (bench measures them): its bound is not known"
+    text = f"{row.label}: {why} ({'; '.join(parts)})."
+    ar = next((r for r in board.rows if r.decoder == figures.AR and r.group == row.group), None)
+    sim, sim_ar = simulated.get(row.run.run_id), simulated.get(ar.run.run_id) if ar else None
+    if sim is not None and sim_ar is not None:
+        num, den = sim.aggregates.get("decode_tok_s"), sim_ar.aggregates.get("decode_tok_s")
+        if num and den:
+            predicted = num / den
+            err = predicted / speedup - 1
+            text += f" The simulator's replay of this run predicts {predicted:.2f}× ({err:+.0%})"
+            text += (", within its stated ±10%." if abs(err) <= SIMULATOR_ERROR else
+                     ", outside its stated ±10%: it prices the steps with calibrations timed beside the runs and "
+                     "leaves out host time beyond what their fit absorbs, so a machine that changed speed in "
+                     "between, or host work that grew, moves the measurement and not the replay "
+                     "(docs/simulator.md).")
+    return text

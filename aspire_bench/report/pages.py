@@ -11,7 +11,16 @@ from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
 from aspire_bench.report import plots
 from aspire_bench.report.html import DASH, cell, esc, fmt, mapping_table, page, table
-from aspire_bench.report.leaderboard import COLUMNS, MILLIS, Board, Leaderboards, Row, best_values
+from aspire_bench.report.leaderboard import (
+    COLUMNS,
+    MILLIS,
+    Board,
+    Leaderboards,
+    Row,
+    best_values,
+    bound_sentence,
+    group_name,
+)
 
 PLOTLY_JS = "plotly.min.js"
 # Environment entries summarised in every page's header.
@@ -44,7 +53,7 @@ def header_meta(runs: Sequence[RunRecord], now: datetime | None = None) -> str:
 
 def _header_cell(col) -> str:
     return (f"<th title=\"{esc(col.tip)}\">{esc(col.header)} "
-            f"<a class=\"def\" href=\"metrics.html#{esc(col.anchor)}\" title=\"definition\">ⓘ</a></th>")
+            f"<a class=\"def\" href=\"metrics.html#{esc(col.anchor)}\" title=\"definition\">i</a></th>")
 
 
 def _value_cell(row: Row, col, best: dict) -> str:
@@ -88,28 +97,47 @@ def board_table(board: Board) -> str:
         body.append(
             f"<tr data-decoder=\"{esc(row.label)}\">"
             + cell(row.label, html=f"<a href=\"{run_href(row.run.run_id)}\">{esc(row.label)}</a>")
-            + cell(row.setup or None) + cell(row.group) + cell(len(row.runs), html=runs_links)
+            + cell(row.setup or None) + _group_cell(row.run) + cell(len(row.runs), html=runs_links)
             + "".join(_value_cell(row, c, best) for c in COLUMNS) + "</tr>")
     mixed = len({r.group for r in board.rows}) > 1
     note = ("rows come from different groups (invocations, maybe machines): compare their speedups, not their "
             "raw timings, which get no ★ here · " if mixed else "")
     star = "★ best per column · " if best else ""
-    return (f"<table class=\"sortable leaderboard\" id=\"lb-{esc(board.slug)}\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>"
+    return (f"<div class=\"scroll\"><table class=\"sortable leaderboard\" id=\"lb-{esc(board.slug)}\"><thead><tr>"
+            f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
             f"<p class=\"note\">{note}{star}click a header to sort</p>")
 
 
-def board_section(board: Board) -> str:
+def _group_cell(run: RunRecord) -> str:
+    """The group by the sweep (or bench) that ran it and when; its id on hover."""
+    if run.group is None:
+        return cell(None)
+    name = group_name(run)
+    return cell(name, html=f"<span title=\"group {esc(run.group)}\">{esc(name)}</span>")
+
+
+def bounds_note(board: Board, simulated: dict) -> str:
+    lines = [t for t in (bound_sentence(r, board, simulated) for r in board.rows) if t]
+    if not lines:
+        return ""
+    return ("<div class=\"bounds\"><p class=\"note\">What bounds each decoder here "
+            "(<a href=\"metrics.html#the-bound\">bound share</a>):</p><ul>"
+            + "".join(f"<li>{esc(t)}</li>" for t in lines) + "</ul></div>")
+
+
+def board_section(board: Board, simulated: dict | None = None) -> str:
     plot_divs = [p for p in (plots.accepted_length_distribution(board, f"acc-{board.slug}"),
                              plots.acceptance_by_position(board, f"pos-{board.slug}"),
                              plots.latency_cdf(board, f"tpot-{board.slug}"),
                              plots.draft_trajectories(board, f"draft-{board.slug}")) if p]
-    return (f"<h3 id=\"{esc(board.slug)}\">{esc(board.title)}</h3>{board_table(board)}"
+    return (f"<h3 id=\"{esc(board.slug)}\">{esc(board.title)}</h3>{board_table(board)}{bounds_note(board, simulated or {})}"
             f"<div class=\"plots\">{''.join(plot_divs)}</div>")
 
 
-def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str = "") -> str:
-    """`diagnostics`: the link to the diagnostics page (HTML), when the store has any."""
+def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str = "",
+                 simulated: dict | None = None) -> str:
+    """`diagnostics`: the link to the diagnostics page (HTML), when the store has any; `simulated`:
+    replays of stored runs by the id of the run they replay (leaderboard.simulated_by_source)."""
     by_model_task: dict[tuple[str, str], list[Board]] = defaultdict(list)
     for b in lb.boards:
         by_model_task[(b.model, b.task)].append(b)
@@ -126,7 +154,7 @@ def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str
                                       f"{model} · {task}")
         if sp:
             parts.append(f"<div class=\"plots wide\">{sp}</div>")
-        parts.extend(board_section(b) for b in boards)
+        parts.extend(board_section(b, simulated) for b in boards)
     parts.append(_runs_section(lb.runs))
     return page("aspire-bench leaderboards", "".join(parts), meta=header_meta(lb.runs, now), scripts=[PLOTLY_JS])
 
@@ -134,7 +162,7 @@ def render_index(lb: Leaderboards, now: datetime | None = None, diagnostics: str
 def _runs_section(runs: Sequence[RunRecord]) -> str:
     rows = [[cell(r.run_id, html=f"<a href=\"{run_href(r.run_id)}\">#{r.run_id}</a>"), cell(r.created_at),
              cell(r.status, extra_cls="bad" if r.status != "ok" else ""), cell(figures.decoder_label(r.config)),
-             cell(" · ".join(figures.cell(r.config))), cell(r.group), cell(r.error)] for r in runs]
+             cell(" · ".join(figures.cell(r.config))), _group_cell(r), cell(r.error)] for r in runs]
     return ("<h2 id=\"all-runs\">All runs</h2>"
             + table(["run", "created", "status", "decoder", "model · task · context", "group", "error"],
                     rows, cls="runs"))
@@ -159,16 +187,19 @@ def render_run(run: RunRecord, repeats: Sequence[RunRecord] = (), now: datetime 
     facts = {"run": run.run_id, "status": run.status, "error": run.error, "created": run.created_at,
              "decoder": label, "model · task · context": " · ".join(figures.cell(run.config)),
              "group": run.group, "sweep": run.sweep, "tag": run.tag, "config hash": run.config_hash}
+    if run.group is not None:
+        facts["group"] = f"{group_name(run)} ({run.group})"
     parts = [mapping_table({k: v for k, v in facts.items() if v is not None})]
     others = [r for r in repeats if r.run_id != run.run_id]
     if others:
         parts.append("<p>Repeats in the same group: " + " ".join(
             f"<a href=\"run-{r.run_id}.html\">#{r.run_id}</a>" for r in others) + "</p>")
+    parts.append("<h2>Figures</h2><p class=\"note\">times in ms; definitions: "
+                 "<a href=\"../metrics.html\">metrics</a></p>")
+    parts += [f"<h3>{esc(title)}</h3>{mapping_table(values)}" for title, values in aggregate_sections(run.aggregates)]
     parts += ["<h2>Config</h2>", mapping_table(run.config), "<h2>Decoder settings used</h2>",
               mapping_table(run.info) if run.info else f"<p>{DASH}</p>",
-              "<h2>Environment</h2>", mapping_table(run.env),
-              "<h2>Aggregates</h2><p class=\"note\">definitions: <a href=\"../metrics.html\">metrics</a></p>",
-              mapping_table(run.aggregates)]
+              "<h2>Environment</h2>", mapping_table(run.env)]
     parts.append(f"<h2>Requests ({len(run.requests)})</h2>"
                  + table(REQUEST_HEADERS, (_request_cells(r) for r in run.requests), cls="requests"))
     parts.append(_divergences(run))
@@ -177,6 +208,27 @@ def render_run(run: RunRecord, repeats: Sequence[RunRecord] = (), now: datetime 
     if outputs:
         parts.append(f"<h2>Outputs</h2>{outputs}")
     return page(f"run #{run.run_id}: {label}", "".join(parts), meta=header_meta([run], now), root="../")
+
+
+# Run-page sections of a run's aggregates: the first whose prefixes match a key takes it.
+SECTIONS = (("Throughput", ("decode_tok_s", "speedup", "allowed_speedup", "bound_share", "generated", "decode_wall",
+                            "bytes_per", "achieved_bw", "memory_bw", "fma", "n_requests", "repeats")),
+            ("Latency", ("ttft", "tpot", "itl", "e2e", "prefill")),
+            ("Acceptance", ("mean_accepted", "draft_acceptance", "accept_rate", "req_accepted", "verifications")),
+            ("Parity", ("parity",)),
+            ("Output quality", ("score", "distinct")))
+
+
+def aggregate_sections(aggregates: dict) -> list[tuple[str, dict]]:
+    """The aggregates in sections, seconds (keys ending `_s`) shown as milliseconds (`_ms`)."""
+    out: dict[str, dict] = {title: {} for title, _ in SECTIONS}
+    out["Other"] = {}
+    for k, v in aggregates.items():
+        title = next((t for t, prefixes in SECTIONS if k.startswith(prefixes)), "Other")
+        if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            k, v = k[:-2] + "_ms", v * 1000
+        out[title][k] = v
+    return [(t, values) for t, values in out.items() if values]
 
 
 def _divergences(run: RunRecord) -> str:

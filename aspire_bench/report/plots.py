@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from html import escape
 
 import plotly.graph_objects as go
 
-from aspire_bench.report.leaderboard import Board, Row, prompt_length
+from aspire_bench.report.colors import styles
+from aspire_bench.report.leaderboard import Board, Row, name_setups, prompt_length, setup_of
 
 # How many requests' draft-length trajectories to draw per row: enough to show that they differ.
 TRAJECTORY_REQUESTS = 3
@@ -22,31 +24,67 @@ def row_name(row: Row) -> str:
 
 
 def _div(fig: go.Figure, div_id: str, title: str, x: str, y: str) -> str:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=HEIGHT,
-                      margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"font": {"size": 10}})
+    """The plot under its title. The title is HTML above the plot, not plotly's: it wraps in a narrow box
+    and the plot's toolbar (top right) never covers it."""
+    fig.update_layout(xaxis_title=x, yaxis_title=y, template="plotly_white", height=HEIGHT,
+                      margin={"l": 60, "r": 20, "t": 30, "b": 50}, legend={"font": {"size": 10}})
     html = fig.to_html(full_html=False, include_plotlyjs=False, div_id=re.sub(r"[^A-Za-z0-9_-]", "-", div_id),
                        default_height=f"{HEIGHT}px", config={"displaylogo": False, "responsive": True})
-    return f"<div class=\"plot\">{html}</div>"
+    return f"<div class=\"plot\"><div class=\"plot-title\">{escape(title)}</div>{html}</div>"
+
+
+def _style(fig: go.Figure) -> None:
+    """Each trace in its decoder's colour (trace.meta holds the decoder's name); a decoder's second
+    trace in a plot gets another dash and marker."""
+    for trace, st in zip(fig.data, styles([t.meta for t in fig.data])):
+        if isinstance(trace, go.Box):
+            trace.update(marker_color=st["color"], line_color=st["color"])
+        else:
+            trace.update(line={"color": st["color"], "dash": st["dash"]},
+                         marker={"color": st["color"], "symbol": st["symbol"]})
 
 
 def speedup_vs_context(boards: Sequence[Board], div_id: str, title: str) -> str | None:
-    """Speedup over AR against context length, one line per decoder (the ASPIRE paper's Figure 1 view)."""
-    series: dict[str, list[tuple[float, float, str]]] = {}
+    """Speedup over AR against context length, one line per decoder and setup (the ASPIRE paper's
+    Figure 1 view), with its 95% interval. Rows of different setups (batch size, sampling, ...) are
+    never joined: each setup is a line of its own, named by the settings that tell it apart."""
+    series: dict[tuple, list[tuple]] = {}
+    setups: dict[tuple, dict] = {}
     for b in boards:
         for row in b.rows:
             x, y = prompt_length(row), row.value("speedup")
             if x is not None and y is not None:
-                series.setdefault(row_name(row), []).append((x, y, b.context))
+                setup = setup_of(row.run)
+                key = (row.label, row.decoder, tuple(sorted(setup.items())))
+                setups[key] = setup
+                series.setdefault(key, []).append((x, y, b.context, row.value("speedup_ci95")))
     if not series:
         return None
+    keys = list(series)
+    # Among the lines of one decoder label, the settings that differ name them.
+    names = {}
+    for label in dict.fromkeys(k[0] for k in keys):
+        mine = [k for k in keys if k[0] == label]
+        for k, setup in zip(mine, name_setups([setups[k] for k in mine])):
+            names[k] = f"{label} [{setup}]" if setup else label
     fig = go.Figure()
-    for name, pts in series.items():
-        pts.sort()
+    for key in keys:
+        pts, name = sorted(series[key], key=lambda p: p[0]), names[key]
+        ci = [p[3] for p in pts]
+        err = {"type": "data", "symmetric": False, "array": [c[1] - p[1] if c else 0 for p, c in zip(pts, ci)],
+               "arrayminus": [p[1] - c[0] if c else 0 for p, c in zip(pts, ci)], "thickness": 1.2, "width": 4}
+        hover = [f"{p[2]}: {p[0]} tokens<br>speedup {p[1]:.2f}×" + (f" [{c[0]:.2f}, {c[1]:.2f}]" if c else "")
+                 for p, c in zip(pts, ci)]
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
-                                 text=[p[2] for p in pts],
-                                 hovertemplate="%{text}: %{x} tokens<br>speedup %{y:.2f}×<extra>" + name + "</extra>"))
+                                 meta=key[1], error_y=err if any(ci) else None, text=hover,
+                                 hovertemplate="%{text}<extra>" + escape(name) + "</extra>"))
+    _style(fig)
+    xs = {x for pts in series.values() for x, *_ in pts}
+    if len(xs) == 1:  # one context: a readable axis around it, not plotly's ±1 token
+        x = next(iter(xs))
+        fig.update_xaxes(range=[0.5 * x, 1.5 * x])
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    return _div(fig, div_id, title, "context length (median prompt tokens)", "speedup over AR (×)")
+    return _div(fig, div_id, title, "context length (median prompt tokens)", "speedup over AR (×), 95% interval")
 
 
 def accepted_length_distribution(board: Board, div_id: str) -> str | None:
@@ -57,10 +95,11 @@ def accepted_length_distribution(board: Board, div_id: str) -> str | None:
         ids = [r.id for r, v in zip(row.run.requests, values) if v is not None]
         values = [v for v in values if v is not None]
         if values:
-            fig.add_trace(go.Box(y=values, name=row_name(row), boxpoints="all", jitter=0.4, pointpos=0,
+            fig.add_trace(go.Box(y=values, name=row_name(row), boxpoints="all", jitter=0.4, pointpos=0, meta=row.decoder,
                                  text=ids, hovertemplate="%{text}: %{y:.2f}<extra></extra>"))
     if not fig.data:
         return None
+    _style(fig)
     return _div(fig, div_id, "mean accepted length per request", "", "tokens per verification")
 
 
@@ -71,9 +110,10 @@ def acceptance_by_position(board: Board, div_id: str) -> str | None:
                      if k.startswith("accept_rate_pos") and v is not None)
         if pts:
             fig.add_trace(go.Scatter(x=[k for k, _ in pts], y=[v for _, v in pts], mode="lines+markers",
-                                     name=row_name(row)))
+                                     name=row_name(row), meta=row.decoder))
     if not fig.data:
         return None
+    _style(fig)
     fig.update_yaxes(range=[0, 1.05])
     return _div(fig, div_id, "acceptance by draft position", "draft position k (0-based)",
                 "P(k accepted | draft reached k)")
@@ -87,9 +127,10 @@ def latency_cdf(board: Board, div_id: str) -> str | None:
         if tpots:
             n = len(tpots)
             fig.add_trace(go.Scatter(x=tpots, y=[(i + 1) / n for i in range(n)], mode="lines+markers",
-                                     line_shape="hv", name=row_name(row)))
+                                     line_shape="hv", name=row_name(row), meta=row.decoder))
     if not fig.data:
         return None
+    _style(fig)
     fig.update_yaxes(range=[0, 1.02])
     return _div(fig, div_id, "TPOT distribution over requests (CDF)", "TPOT (ms)", "fraction of requests ≤ x")
 
@@ -102,9 +143,10 @@ def draft_trajectories(board: Board, div_id: str) -> str | None:
         for r in shown:
             lengths = r.extra["draft_lengths"]
             fig.add_trace(go.Scatter(x=list(range(len(lengths))), y=lengths, mode="lines+markers", line_shape="hv",
-                                     name=f"{row_name(row)} · {r.id}"))
+                                     name=f"{row_name(row)} · {r.id}", meta=row.decoder))
     if not fig.data:
         return None
+    _style(fig)
     return _div(fig, div_id, "draft length over a request (ASPIRE scheduler)", "verification #", "draft length")
 
 

@@ -37,8 +37,10 @@ def fake_clock(monkeypatch):
 
 
 def test_bench_and_sweep_measure_the_same_cell_alike(random_tiny, tmp_path, fake_clock):
+    # one round per repeat (rounds=1): each repeat runs all four requests in one batch run, as the sweep does
     rows, _ = bench(str(random_tiny), "needle", ["1k"], [2], ["ar", "magicdec"], repeat=2, max_new_tokens=6,
-                    samplings=[Sampling(*PAPER)], seed=0, limit=4, tune=False, bound=False, show_progress=False)
+                    samplings=[Sampling(*PAPER)], seed=0, limit=4, tune=False, bound=False, show_progress=False,
+                    rounds=1)
     t, k, p = PAPER
     sweep = expand({"models": [str(random_tiny)], "decoders": ["ar", "magicdec"],
                     "tasks": [{"name": "needle", "limit": 4}], "contexts": ["1k"], "batch_sizes": [2],

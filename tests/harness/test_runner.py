@@ -141,6 +141,18 @@ def test_bench_json_contract(random_tiny, tmp_path):
         adjacent = [rec.info["adjacent_calibration"] for rec in recs]
         assert all(a["rounds"] == 1 and a["context"] == 1024 for a in adjacent)
         model = stored_calibration(st, recs[0])
+        # Rounds: 4 requests at batch 2, 2 repeats -> 2 slices a repeat, 4 rounds, each probing the machine
+        # and running every decoder on its slice in an order rotated round by round.
+        rounds = recs[0].info["rounds"]
+        assert all(rec.info["rounds"] == rounds for rec in recs) and len(rounds) == 4
+        assert [(m["repeat"], m["slice"], len(m["requests"])) for m in rounds] == [(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]
+        assert rounds[0]["requests"] + rounds[1]["requests"] == [r.id for r in recs[0].requests]
+        orders = [m["order"] for m in rounds]
+        assert orders[0] == ["ar", "magicdec", "magicdec tuned", "aspire"] and orders[1] == orders[0][1:] + orders[0][:1]
+        assert all(m["mem_gbs"] > 0 and m["fma_gflops"] > 0 for m in rounds)
+    for x in rows:
+        assert 0 < x["memory_bw_gbs_min"] <= x["memory_bw_gbs_max"] and 0 < x["fma_gflops_min"] <= x["fma_gflops_max"]
+    assert "4 rounds: memory " in " ".join(r.output.split())
     # each fit is stored with its samples: refitted from the store, the same coefficients
     from aspire_bench.decoders.scheduler import fit_cost_model
     for c in (cals[0], adjacent[0]):
@@ -151,6 +163,42 @@ def test_bench_json_contract(random_tiny, tmp_path):
     from aspire_bench.decoders.scheduler import CostModel, fit_problem
     if fit_problem(CostModel.from_dict(adjacent[0], "adjacent")) is None:
         assert model.source == "adjacent calibration" and model.beta_attn == adjacent[0]["beta_attn"]
+
+
+def test_ratio_intervals_take_the_wider_of_requests_and_rounds():
+    """Two rounds, the machine twice as slow for the speculative decoder in the second: requests alone
+    look tight within each round, the interval over rounds sees the drift and is the one kept."""
+    from aspire_bench.harness.bench import _ci
+    num = {(f"r{j}", 0): (10, 1.0 if j < 4 else 2.0) for j in range(8)}
+    den = {(f"r{j}", 0): (10, 1.0 + 0.01 * j) for j in range(8)}
+    blocks = {k: 0 if int(k[0][1:]) < 4 else 1 for k in num}
+    from aspire_bench.harness import metrics
+    by_request, by_round = metrics.ratio_ci(num, den), metrics.ratio_ci(num, den, blocks=blocks)
+    assert by_round[1] - by_round[0] > by_request[1] - by_request[0]
+    assert _ci(num, den, blocks) == list(by_round) and _ci(num, den) == list(by_request)
+    one_block = {k: 0 for k in num}
+    assert metrics.ratio_ci(num, den, blocks=one_block) is None and _ci(num, den, one_block) == list(by_request)
+
+
+def test_bench_says_when_the_machine_state_moved_since_an_earlier_run_of_the_cell(tmp_path):
+    from aspire_bench.harness.bench import BenchRow, state_notes
+    from aspire_bench.harness.records import RunRecord, config_hash
+    from aspire_bench.harness.store import Store
+    config = {"decoder": "ar", "model": "tiny", "task": "needle", "context_len": "16k", "batch_size": 8}
+
+    def rec(lo, hi):
+        return RunRecord(config=config, config_hash=config_hash(config), env={}, group="g",
+                         aggregates={"memory_bw_gbs_min": lo, "memory_bw_gbs_max": hi},
+                         info={"rounds": [{"mem_gbs": lo}, {"mem_gbs": hi}]})
+    with Store(tmp_path / "s.db") as st:
+        st.save_run(rec(40.0, 43.0))
+        inside = rec(41.0, 42.0)
+        inside.run_id = st.save_run(inside)
+        assert state_notes(st, [BenchRow("16k", 8, "paper", inside)]) == []
+        slower = rec(27.0, 30.0)
+        slower.run_id = st.save_run(slower)
+        notes = state_notes(st, [BenchRow("16k", 8, "paper", slower)])
+    assert len(notes) == 1 and "27.0-30.0 GB/s, run #1 of the same cell" in notes[0] and "40.0-43.0 GB/s" in notes[0]
 
 
 def test_bench_runs_decoders_with_their_own_settings_side_by_side(random_tiny, tmp_path):
@@ -185,15 +233,15 @@ def test_an_interrupted_bench_keeps_the_repeats_every_decoder_finished(random_ti
     """Ctrl-C (or a SIGTERM) during a cell's second round: the first round of every decoder is stored with
     its figures, the command says so on stderr and exits 130 without a traceback."""
     from aspire_bench.harness import bench as B
-    real, calls = B.measure_repeat, []
+    real, calls = B._measure_slice, []
 
-    def measure(p, i, show):
+    def measure(p, i, part, show):
         calls.append(i)
-        if i == 1 and len(calls) == 4:  # the second round's second run
+        if i == 1 and len(calls) == 4:  # the second repeat's second run
             raise KeyboardInterrupt
-        return real(p, i, show)
+        return real(p, i, part, show)
 
-    monkeypatch.setattr(B, "measure_repeat", measure)
+    monkeypatch.setattr(B, "_measure_slice", measure)
     db = tmp_path / "b.db"
     r = CliRunner().invoke(main, ["bench", "--model", str(random_tiny), "--task", "needle", "--contexts", "1k,2k",
                                   "--batch-sizes", "2", "--limit", "2", "--repeat", "3", "--sampling", "greedy",

@@ -188,7 +188,9 @@ def test_shipped_sweep_files_expand():
     contexts = {c.config.context_len for c in demo.cells}
     assert len(demo.cells) == 4 * len(contexts) and {c.config.model for c in demo.cells} == {"tiny"}
     assert {c.config.decoder for c in demo.cells} == {"ar", "magicdec", "vegas", "aspire"}
-    assert all(c.config.parity and c.config.temperature == 0 for c in demo.cells)
+    # the regime where the bundled model's speculative decoders gain: 4k x 8, the paper's sampling
+    assert {(c.config.context_len, c.config.batch_size) for c in demo.cells} == {("4k", 8)}
+    assert {(c.config.temperature, c.config.top_k, c.config.top_p) for c in demo.cells} == {(0.7, 50, 0.9)}
     paper = load_sweep(SWEEPS / "aspire_paper.yaml")
     assert {(c.config.temperature, c.config.top_k, c.config.top_p) for c in paper.cells} == {(0.7, 50, 0.9)}
     assert {c.config.decoder for c in paper.cells} == {"ar", "magicdec", "vegas", "aspire"}

@@ -28,7 +28,7 @@ from aspire_bench.decoders.base import (
     StepTrace,
 )
 from aspire_bench.harness.parity import RunParity, compare
-from aspire_bench.harness.records import from_output
+from aspire_bench.harness.records import RunRecord, from_output
 from aspire_bench.harness.store import Store
 from aspire_bench.report import write_report
 from aspire_bench.report.cli import COMMANDS
@@ -72,9 +72,13 @@ def make_run(decoder: str, decode_wall: float, *, group: str = "g1", context: st
                            info={"gamma": 4} if spec else {})
     config = {"decoder": {"name": decoder, **({"gamma": 4} if spec else {})}, "model": "tiny",
               "task": "needle", "context_len": context, "batch_size": 3, "seed": seed}
-    return from_output(config, out, {r: prompt_len for r in REQUESTS}, ENV,
-                       texts={r: f"answer <{r}>" for r in REQUESTS}, scores={r: score for r in REQUESTS},
-                       parity=RunParity(par, 1e-3) if par else None, group=group)
+    rec = from_output(config, out, {r: prompt_len for r in REQUESTS}, ENV,
+                      texts={r: f"answer <{r}>" for r in REQUESTS}, scores={r: score for r in REQUESTS},
+                      parity=RunParity(par, 1e-3) if par else None, group=group)
+    # Per-request decode samples (as the runner stores them), uneven so the speedup gets an interval.
+    rec.info["decode_samples"] = [[rid, 0, N_OUT - 1, decode_wall / 3 * ((1.1, 1.0, 0.9) if spec else (0.9, 1.0, 1.1))[k]]
+                                  for k, rid in enumerate(REQUESTS)]
+    return rec
 
 
 @pytest.fixture(scope="module")
@@ -169,17 +173,18 @@ def test_report_pages_show_the_numbers(store, tmp_path):
     assert set(rows) == {"ar", "aspire(gamma=4)", "magicdec(gamma=4)"}
     # decoder, setup, group, runs, tok/s, speedup, acc len, acc rate, parity, tpot p50, tpot p99, score, dist-4
     asp = dict(zip(HEADERS, rows["aspire(gamma=4)"]))
-    assert asp["tok/s"] == "20.0" and asp["speedup"] == "2.50×" and asp["acc len"] == f"{SPEC_MEAN_ACC:.2f}"
+    assert asp["tok/s"] == "20.0" and asp["speedup"].startswith("2.50× [") and asp["acc len"] == f"{SPEC_MEAN_ACC:.2f}"
     assert asp["acc rate"] == f"{SPEC_ACC_RATE:.1%}" and asp["parity"] == "66.7% · 1 near-tie"
     assert asp["tpot p50"] == "150.0" and asp["score"] == "1.000"  # 1.2 s / 8 tokens, in ms
-    assert dict(zip(HEADERS, rows["magicdec(gamma=4)"]))["speedup"] == "1.50×"
+    assert dict(zip(HEADERS, rows["magicdec(gamma=4)"]))["speedup"].startswith("1.50× [")
     ar = dict(zip(HEADERS, rows["ar"]))
     assert ar["speedup"] == "1.00×" and ar["parity"] == "—" and ar["runs"] == "#1 #2"
     # Best per column marked: aspire is fastest.
-    assert re.search(r'<td class="best" data-v="[^"]*">2\.50×</td>', html)
-    assert not re.search(r'<td class="best" data-v="[^"]*">1\.50×</td>', html)
+    assert re.search(r'<td class="best" data-v="[^"]*"><span[^>]*>2\.50× \[', html)
+    assert not re.search(r'<td class="best" data-v="[^"]*"><span[^>]*>1\.50×', html)
     vegas = dict(zip(HEADERS, {r[0]: r for r in parser.tables["lb-tiny-needle-16k"] if r}["vegas(gamma=4)"]))
-    assert vegas["speedup"] == "—" and vegas["group"] == "g3"
+    assert vegas["speedup"] == "—" and re.fullmatch(r"run \d{4}-\d\d-\d\d \d\d:\d\d", vegas["group"])
+    assert 'title="group g3"' in html  # the group id on hover
     # The 16k board mixes groups: raw tok/s gets no best mark there (vegas's 12 tok/s is another machine's).
     assert not re.search(r'<td class="best" data-v="[^"]*">12\.0</td>', html)
     assert html.index("lb-tiny-needle-4k") < html.index("lb-tiny-needle-16k")
@@ -199,6 +204,10 @@ def test_report_pages_show_the_numbers(store, tmp_path):
     run_page = (tmp_path / "lb" / "runs" / f"run-{aspire_id}.html").read_text()
     assert "near-tie" in run_page and "0.004" in run_page and "Test CPU 9000" in run_page
     assert "answer &lt;r0&gt;" in run_page  # outputs escaped
+    # Figures in sections, seconds shown as milliseconds.
+    for section in ("Throughput", "Latency", "Acceptance", "Parity"):
+        assert f"<h3>{section}</h3>" in run_page
+    assert "tpot_p50_ms" in run_page and "tpot_p50_s<" not in run_page
 
 
 # --- the pages in a real browser ------------------------------------------------------------------
@@ -343,6 +352,21 @@ PLOT_FIT = """Array.from(document.querySelectorAll("div.plot")).map(function(p){
   var out=Array.from(p.querySelectorAll("g.trace")).filter(function(t){
     return t.getBoundingClientRect().right>r.right+1;}).length;
   return [d.id, s.getBoundingClientRect().width, p.clientWidth, (d.data||[]).map(function(t){return t.name;}), out];})"""
+# Elements drawn past the page's right edge, or past the box they sit in (tables in their scroll box,
+# plot titles): [what, right edge, edge it must stay within].
+OVERFLOW = """(function(){
+  var w=document.documentElement.clientWidth, bad=[];
+  if(document.documentElement.scrollWidth>w+1){bad.push(["page", document.documentElement.scrollWidth, w]);}
+  document.querySelectorAll("div.scroll, div.plot, div.plot-title, h1, h2, h3, p").forEach(function(e){
+    var r=e.getBoundingClientRect(); if(r.right>w+1){bad.push([e.tagName+"."+e.className, r.right, w]);}});
+  document.querySelectorAll("div.plot").forEach(function(p){
+    var t=p.querySelector("div.plot-title"), g=p.querySelector("div.plotly-graph-div");
+    if(t&&g&&t.getBoundingClientRect().bottom>g.getBoundingClientRect().top+1){bad.push(["title over plot", g.id, 0]);}});
+  return bad;})()"""
+# Per plot, each trace's decoder (trace.meta) and the colour it is drawn in.
+TRACE_COLOURS = """Array.from(document.querySelectorAll("div.plotly-graph-div")).map(function(d){
+  return [d.id, (d.data||[]).map(function(t){
+    return [t.meta, (t.type==="box"?t.marker.color:t.line.color), t.name];})];})"""
 # Plotly draws on load, but give slow machines a moment.
 PLOTS_READY = 'document.querySelectorAll("div.plotly-graph-div:not(.js-plotly-plot)").length === 0'
 
@@ -391,10 +415,28 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
     boards = dict(browser.eval('Array.from(document.querySelectorAll("table.leaderboard")).map(function(t){'
                                'return [t.id.slice(3), Array.from(t.querySelectorAll("tbody tr"))'
                                '.map(function(r){return r.dataset.decoder;})];})'))
-    _check_plots_fit(browser, boards)
-    browser.viewport(900)  # a narrower window: every plot follows its box
-    _check_plots_fit(browser, boards)
+    ARTIFACTS.mkdir(exist_ok=True)
+    for width in (1400, 900):  # 900: a narrower window; every plot follows its box, tables scroll in theirs
+        browser.viewport(width)
+        _check_plots_fit(browser, boards)
+        assert browser.eval(OVERFLOW) == [], width
+        shot = ARTIFACTS / f"leaderboard-{width}.png"
+        browser.screenshot(shot, width)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     browser.viewport(1400)
+    # One colour per decoder across every plot, whatever its label, setup or plot.
+    colours: dict[str, set] = {}
+    for _, traces in browser.eval(TRACE_COLOURS):
+        for decoder, colour, _ in traces:
+            colours.setdefault(decoder, set()).add(colour)
+    assert set(colours) == {"ar", "aspire", "magicdec", "vegas"} and all(len(c) == 1 for c in colours.values()), colours
+    assert len({next(iter(c)) for c in colours.values()}) == len(colours)  # and no two decoders share one
+    # The speedup plot draws each point's 95% interval.
+    speedup_id = next(k for k, _ in browser.eval(TRACE_COLOURS) if k.startswith("speedup-"))
+    assert browser.eval(f'document.querySelectorAll("#{speedup_id} g.errorbar path").length') >= 3
+    # The info marker is a CSS circle around a plain "i": no glyph a font may lack.
+    assert browser.eval('Array.from(document.querySelectorAll("a.def")).every(function(a){var s=getComputedStyle(a);'
+                        'return a.textContent==="i" && s.borderRadius==="50%" && a.getBoundingClientRect().width>5;})')
     rows = browser.eval('Array.from(document.querySelectorAll("#lb-tiny-needle-4k tbody tr"))'
                         '.map(function(r){return r.dataset.decoder;})')
     assert rows == ["ar", "aspire(gamma=4)", "magicdec(gamma=4)"]
@@ -406,14 +448,13 @@ def test_pages_in_headless_browser(store, tmp_path, browser):
     rows = browser.eval('Array.from(document.querySelectorAll("#lb-tiny-needle-4k tbody tr"))'
                         '.map(function(r){return r.dataset.decoder;})')
     assert rows == ["ar", "magicdec(gamma=4)", "aspire(gamma=4)"]
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "leaderboard.png"
-    browser.screenshot(shot)
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     aspire_id = load_runs(store)[2].run_id
     browser.open((out / "runs" / f"run-{aspire_id}.html").as_uri())
     assert browser.errors() == []
     assert "near-tie" in browser.eval('document.querySelector("table.divergences").innerText')
+    browser.viewport(900)
+    assert browser.eval(OVERFLOW) == []
+    browser.viewport(1400)
     browser.open((out / "metrics.html").as_uri())
     assert browser.errors() == [] and browser.eval('!!document.getElementById("exactness-parity")')
     browser.open((out / "leaderboard.html").as_uri())  # the guide's screenshot is not carried: no broken image
@@ -451,3 +492,30 @@ def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         _chromium()
+
+
+@pytest.mark.parametrize("allowed, share, why", [
+    (1.5, 0.95, "acceptance and draft cost bound it: it reaches 95% of the 1.50× they allow"),
+    (1.5, 0.6, "overhead bounds it: it reaches 60% of the 1.50× its acceptance and step costs allow"),
+    (0.8, 0.9, "acceptance and draft cost bound it: they allow 0.80× at best here"),
+    (0.8, 1.2, "it measured 120% of the 0.80× its acceptance and step costs allow, more than they allow"),
+])
+def test_bound_sentence_names_what_bounds_a_decoder(allowed, share, why):
+    from aspire_bench.report.leaderboard import Board, Row, bound_sentence
+
+    def row(decoder, run_id, **agg):
+        rec = RunRecord(config={"decoder": decoder}, config_hash=decoder, env=ENV, group="g", run_id=run_id,
+                        aggregates=agg, info={"step_costs": {"c_window": 0.4}})
+        return Row(decoder, decoder, decoder, "g", [rec], {"speedup": agg.get("s"), **agg})
+    ar = row("ar", 1)
+    md = row("magicdec", 2, s=1.2, draft_acceptance_rate=0.5, mean_accepted_len=2.5, allowed_speedup=allowed,
+             bound_share=share)
+    board = Board("tiny", "needle", "4k", [ar, md])
+    text = bound_sentence(md, board, {})
+    assert text.startswith(f"magicdec: {why}") and "(1.20× AR; 50% of drafts accepted, 2.50 tokens per " \
+        "verification; a draft step costs 0.40 of an AR step)" in text and "simulator" not in text
+    sim = {i: RunRecord(config={}, config_hash="", env={}, aggregates={"decode_tok_s": t}) for i, t in ((1, 10.0), (2, 11.5))}
+    assert "predicts 1.15× (-4%), within its stated ±10%." in bound_sentence(md, board, sim)
+    sim[2].aggregates["decode_tok_s"] = 15.0
+    assert "predicts 1.50× (+25%), outside its stated ±10%" in bound_sentence(md, board, sim)
+    assert bound_sentence(ar, board, sim) is None
