@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_text
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
 from ..kernels import cpu_sampling
@@ -304,11 +305,9 @@ def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | 
     default where a run at the calibration's context looks for it."""
     path = out or calibration_path(engine, batch_size, result["context"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type,
-                               "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
-                               "page_size": engine.page_size}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({**result, "model": engine.name, "device": engine.device.type,
+                                 "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
+                                 "page_size": engine.page_size}, indent=1))
     return path
 
 

@@ -142,6 +142,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     round after every run and store the fits with their samples (info["adjacent_calibration"],
     info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
     check_tolerance(parity_tolerance)
+    metrics.check_percentiles(percentiles)
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)

@@ -226,6 +226,7 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
         if not hasattr(cfg, k):
             raise ConfigError(f"unknown run option {k!r}")
         setattr(cfg, k, v)
+    metrics.check_percentiles(percentiles)
     if store is not None:
         check_store_path(store)  # a bad --store fails now, not after the compute
     p = prepare(cfg, engine, show_progress)

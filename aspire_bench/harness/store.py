@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from aspire_bench.atomic import append_line, atomic_open, check_name
 from aspire_bench.errors import StoreError, UserError
 from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields
 
@@ -71,6 +72,22 @@ _V2 = ("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'measured'",
 # Old stores upgrade on open.
 MIGRATIONS: list[tuple[str, ...]] = [_V1, _V2]
 
+def _json_ok(column: str, kind: str = "object") -> str:
+    return f"CASE WHEN json_valid({column}) THEN json_type({column}) = '{kind}' ELSE 0 END"
+
+
+# (table, query of (run_id, what)) for the stored JSON a run is rebuilt from.
+_DAMAGE_QUERIES = (
+    ("runs", "SELECT run_id, trim((CASE WHEN NOT " + _json_ok("config") + " THEN 'config ' ELSE '' END)"
+             " || (CASE WHEN NOT " + _json_ok("env") + " THEN 'env ' ELSE '' END)"
+             " || (CASE WHEN NOT " + _json_ok("info") + " THEN 'info' ELSE '' END)) FROM runs"
+             " WHERE NOT (" + _json_ok("config") + " AND " + _json_ok("env") + " AND " + _json_ok("info") + ")"),
+    ("requests", "SELECT DISTINCT run_id, 'data' FROM requests WHERE NOT " + _json_ok("data")),
+    ("steps", "SELECT run_id, 'data' FROM steps WHERE NOT " + _json_ok("data", "array")),
+)
+
+_WARNED: set[tuple[Path, tuple[int, ...]]] = set()
+
 # Test seam: called inside save_run's transaction after the runs row is written.
 _mid_write_hook: Callable[[], None] | None = None
 
@@ -100,6 +117,7 @@ class Store:
     def __init__(self, path: str | Path = DEFAULT_PATH, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
+        self._damaged: dict[int, str] | None = None
         _check_store_file(self.path, must_exist=readonly)
         try:
             if readonly:
@@ -201,10 +219,37 @@ class Store:
 
     # --- read -------------------------------------------------------------------------------
 
+    def damaged(self) -> dict[int, str]:
+        """Runs whose stored JSON cannot be read (a row cut short by a fault or edited by hand): run id ->
+        what is wrong. Read commands skip them (warning once); `aspire-bench check` lists them."""
+        if self._damaged is None:
+            found: dict[int, list[str]] = {}
+            for table, sql in _DAMAGE_QUERIES:
+                for run_id, what in self.conn.execute(sql):
+                    found.setdefault(run_id, []).append(f"{table} {what}")
+            self._damaged = {i: ", ".join(w) + " not valid JSON" for i, w in sorted(found.items())}
+        return self._damaged
+
+    def readable_sql(self, column: str = "run_id") -> str:
+        """An SQL condition leaving the damaged runs out, with one warning naming them."""
+        bad = self.damaged()
+        if not bad:
+            return "1"
+        if (self.path.resolve(), tuple(bad)) not in _WARNED:  # once per process, however often it is opened
+            _WARNED.add((self.path.resolve(), tuple(bad)))
+            ids = ", ".join(map(str, bad))
+            print(f"warning: skipping run{'s' if len(bad) > 1 else ''} {ids} of {self.path}: stored JSON cannot be "
+                  f"read ({next(iter(bad.values()))}); `aspire-bench check --store {self.path}` lists damaged runs",
+                  file=sys.stderr)
+        return f"{column} NOT IN ({', '.join(map(str, bad))})"
+
     def get_run(self, run_id: int) -> RunRecord:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise UserError(f"no run {run_id} in {self.path}: `aspire-bench runs --store {self.path}` lists them")
+        if run_id in self.damaged():
+            raise StoreError(f"run {run_id} in {self.path} is damaged ({self.damaged()[run_id]}): "
+                             f"`aspire-bench check --store {self.path}` lists damaged runs")
         run = dict(zip(_columns(self.conn, "runs"), row))
         requests = [
             _request_from_db(request_id, prompt_len, finish_reason, score, json.loads(data))
@@ -232,9 +277,10 @@ class Store:
             raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
         kind = self.kind_sql()
         where = [(f"{FILTERS[k] if k != 'kind' else kind} = ?", v) for k, v in filters.items() if v is not None]
+        where.append((self.readable_sql(), None))
         sql = (f"SELECT run_id, created_at, status, error, decoder, model, task, sweep, tag, grp, config_hash,"
-               f" {kind} AS kind FROM runs" + (" WHERE " + " AND ".join(w for w, _ in where) if where else "") + " ORDER BY run_id")
-        params = [v for _, v in where]
+               f" {kind} AS kind FROM runs WHERE " + " AND ".join(w for w, _ in where) + " ORDER BY run_id")
+        params = [v for _, v in where if v is not None]
         if limit is not None:
             # The newest `limit` runs, still listed oldest first.
             sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY run_id"
@@ -316,13 +362,8 @@ def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
     elif isinstance(path, (str, Path)):
         check_output_path(Path(path))
         # Written beside and renamed: a failed export never leaves a half-written file in its place.
-        tmp = Path(path).with_name(Path(path).name + ".tmp")
-        try:
-            with open(tmp, "w", newline="") as f:
-                yield f
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_open(path, "w", newline="") as f:
+            yield f
     else:
         yield path
 
@@ -333,6 +374,9 @@ def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
 def _check_store_file(path: Path, must_exist: bool) -> None:
     if path.is_dir():
         raise StoreError(f"--store {path} is a directory: pass a file, e.g. {path / 'aspire_results.db'}")
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: SQLite would put a journal beside it
+        raise StoreError(f"--store {path} is not a regular file: pass a results store or a new file name")
+    check_name(path, "--store", companion="-journal")  # SQLite makes STORE-journal and STORE-wal beside it
     if not path.exists():
         if must_exist:
             raise StoreError(f"no results store at {path}: run a benchmark first or pass --store PATH")
@@ -385,6 +429,9 @@ def check_output_path(path: Path) -> None:
     """An output file that can be written and is not a database: never overwrite a results store."""
     if path.is_dir():
         raise StoreError(f"{path} is a directory: give a file name")
+    if path.exists() and not path.is_file():  # written by renaming a new file over it: never a device
+        raise StoreError(f"{path} is not a regular file: give a file name")
+    check_name(path, str(path))
     if not path.parent.is_dir():
         raise StoreError(f"the directory of {path} does not exist: create it first")
     if path.exists() and is_sqlite_file(path):
@@ -417,11 +464,10 @@ def save_record(store_path: str | Path, record: RunRecord) -> int:
 def write_recovery(store_path: str | Path, record: RunRecord) -> Path | None:
     """Append the record to the recovery JSONL beside the store, else in the working directory;
     returns where, or None when neither could be written."""
-    line = json.dumps(record.to_json(), default=str) + "\n"
+    line = json.dumps(record.to_json(), default=str)
     for target in (recovery_path(store_path), Path.cwd() / recovery_path(store_path).name):
         try:
-            with open(target, "a") as f:
-                f.write(line)
+            append_line(target, line)  # the whole file rewritten and renamed: never a torn record
             return target
         except OSError:
             continue

@@ -9,6 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from aspire_bench.atomic import atomic_open
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import RUN_KINDS, RunRecord, read_jsonl
 from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
@@ -157,17 +158,14 @@ def export(store_path, fmt, per_request, out, **filters):
             n = store.export("jsonl", out, **filters)
         else:
             frame = (request_results if per_request else results)(store, **filters)
-            # A file is written beside and renamed: a failed export never leaves a half-written file.
-            tmp = None if out == "-" else Path(out).with_name(Path(out).name + ".tmp")
             try:
-                write_frame(frame, fmt, sys.stdout if tmp is None else tmp)
-                if tmp is not None:
-                    tmp.replace(out)
+                if out == "-":
+                    write_frame(frame, fmt, sys.stdout)
+                else:  # written beside and renamed: a failed export never leaves a half-written file
+                    with atomic_open(out, "wb" if fmt == "parquet" else "w", newline="") as f:
+                        write_frame(frame, fmt, f)
             except ImportError as e:
                 raise UserError(str(e)) from None
-            finally:
-                if tmp is not None and tmp.exists():
-                    tmp.unlink()
             n = len(frame)
     if out != "-":
         click.echo(f"{n} {'requests' if per_request else 'runs'} -> {out}", err=True)
@@ -188,4 +186,25 @@ def import_command(jsonl, store_path):
     click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
 
 
-COMMANDS = [runs, show, export, import_command]
+@click.command("check")
+@store_option
+def check_command(store_path):
+    """Check a store: SQLite's own integrity check and every run's stored JSON. Lists the damaged runs
+    (which read commands skip); exit 1 when there are any."""
+    with _open(store_path) as store:
+        problems = [f"database: {row[0]}" for row in store.conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+        bad = store.damaged()
+        n = store.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    for run_id, what in bad.items():
+        click.echo(f"run {run_id}: {what}")
+    for p in problems:
+        click.echo(p)
+    if bad or problems:
+        click.echo(f"{store_path}: {len(bad)} of {n} runs damaged" + (f", {len(problems)} database problem(s)"
+                   if problems else "") + "; read commands skip damaged runs (export the others with "
+                   "`aspire-bench export --format records` and import them into a new store)")
+        raise SystemExit(1)
+    click.echo(f"{store_path}: {n} runs, all readable")
+
+
+COMMANDS = [runs, show, export, import_command, check_command]

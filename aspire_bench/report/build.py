@@ -6,6 +6,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from aspire_bench.atomic import write_text
 from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.report import definitions, diagnostics
@@ -48,7 +49,4 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    # Write then rename: a browser (or CI upload) never sees a half-written page.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, text)  # written beside and renamed: a browser never sees a half-written page

@@ -6,7 +6,7 @@ import json
 import click
 from rich.table import Table
 
-from ..cli_types import TokenCount, csv_list, csv_positive_ints
+from ..cli_types import REQUESTS, TokenCount, csv_batch_sizes, csv_list, csv_positive_ints
 from ..errors import UserError
 from ..harness.store import DEFAULT_PATH, Store
 from ..harness.tables import emit, info
@@ -44,7 +44,7 @@ def _contexts(ctx, param, value):
               help="Parametric mode: the decoders to simulate.")
 @click.option("--context", "contexts", default="16k", show_default=True, callback=_contexts,
               help="Parametric mode: prompt lengths, comma-separated (16k,32k).")
-@click.option("--batch", "batches", default="8", show_default=True, callback=csv_positive_ints,
+@click.option("--batch", "batches", default="8", show_default=True, callback=csv_batch_sizes,
               help="Parametric mode: batch sizes, comma-separated.")
 @click.option("--alpha", default=None,
               help="Parametric mode: per-token acceptance: a number, kind=alpha pairs (aspire=0.95,magicdec=0.9) "
@@ -52,7 +52,7 @@ def _contexts(ctx, param, value):
 @click.option("--alpha-from-runs", default=None, callback=lambda c, p, v: csv_positive_ints(c, p, v) if v else None,
               help="Parametric mode: acceptance measured by these stored runs (comma-separated ids in --store): per "
                    "draft kind, the per-token alpha that best explains each run's verifications, by its context.")
-@click.option("--requests", "n_requests", default=None, type=click.IntRange(min=1),
+@click.option("--requests", "n_requests", default=None, type=REQUESTS,
               help="Parametric mode: requests per cell (default 4 x batch).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=2),
               help="Parametric mode: output tokens per request.")
