@@ -77,6 +77,43 @@ def refuse_overwrite(out: str | Path, inputs: dict[str, str | Path | None], opti
                             "choose another output file")
 
 
+@contextmanager
+def file_lock(path: str | Path, on_wait=None) -> Iterator[None]:
+    """An exclusive lock held while the block runs, across processes (flock; released by the kernel if
+    the process dies). Blocks while another process holds it, calling on_wait() once first. The lock
+    file is removed at the end only when this call created it."""
+    import fcntl
+    path = Path(path)
+    while True:
+        try:
+            fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:  # removed by its holder just now: try again
+                continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+                on_wait = None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the holder before us may have removed the file: hold the one that is there now
+            current = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if created:
+            path.unlink(missing_ok=True)
+        os.close(fd)
+
+
 def check_name(path: str | Path, what: str, companion: str = "") -> None:
     """UserError when the file name (or name + `companion`, a suffix such as SQLite's "-journal" that is
     made beside it) or the whole path is longer than the filesystem allows."""

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from aspire_bench.atomic import append_line, atomic_open, check_name
 from aspire_bench.errors import StoreError, UserError
-from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields
+from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields, record_hash, record_problem
 
 DEFAULT_PATH = "./aspire_results.db"
 BUSY_TIMEOUT_S = 60.0
@@ -196,25 +196,50 @@ class Store:
 
     def save_run(self, record: RunRecord) -> int:
         """Write the whole record in one transaction; returns its run_id (also set on the record)."""
+        check_record(record)
         with self._transaction() as c:
-            run_id = c.execute(
-                "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
-                " config, env, info, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
-                 record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
-                 _dumps(record.config), _dumps(record.env), _dumps(record.info), record.kind),
-            ).lastrowid
-            if _mid_write_hook is not None:
-                _mid_write_hook()
-            c.executemany(
-                "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [_request_row(run_id, i, r) for i, r in enumerate(record.requests)],
-            )
-            c.execute("INSERT INTO steps VALUES (?,?,?)",
-                      (run_id, len(record.steps), _dumps([_step_list(s) for s in record.steps])))
-            c.executemany("INSERT INTO aggregates VALUES (?,?,?)",
-                          [(run_id, k, v) for k, v in record.aggregates.items()])
+            run_id = self._insert(c, record)
         record.run_id = run_id
+        return run_id
+
+    def import_runs(self, recs: list[RunRecord], where: str = "the file") -> tuple[list[int], int]:
+        """All of `recs` in one transaction (all or none), each checked first; a record whose content is
+        already stored (record_hash) is skipped. Returns (the new run ids, how many were skipped)."""
+        for i, rec in enumerate(recs, 1):
+            check_record(rec, f"{where}: record {i}")
+        ids, skipped = [], 0
+        with self._transaction() as c:
+            seen: dict[str, set[str]] = {}  # config hash -> content hashes stored (and imported so far)
+            for rec in recs:
+                if rec.config_hash not in seen:
+                    seen[rec.config_hash] = {record_hash(self.get_run(s["run_id"])) for s in
+                                             self.list_runs(config_hash=rec.config_hash)}
+                h = record_hash(rec)
+                if h in seen[rec.config_hash]:
+                    skipped += 1
+                    continue
+                seen[rec.config_hash].add(h)
+                ids.append(self._insert(c, rec))
+        return ids, skipped
+
+    def _insert(self, c: sqlite3.Connection, record: RunRecord) -> int:
+        run_id = c.execute(
+            "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
+            " config, env, info, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
+             record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
+             _dumps(record.config), _dumps(record.env), _dumps(record.info), record.kind),
+        ).lastrowid
+        if _mid_write_hook is not None:
+            _mid_write_hook()
+        c.executemany(
+            "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [_request_row(run_id, i, r) for i, r in enumerate(record.requests)],
+        )
+        c.execute("INSERT INTO steps VALUES (?,?,?)",
+                  (run_id, len(record.steps), _dumps([_step_list(s) for s in record.steps])))
+        c.executemany("INSERT INTO aggregates VALUES (?,?,?)",
+                      [(run_id, k, v) for k, v in record.aggregates.items()])
         return run_id
 
     # --- read -------------------------------------------------------------------------------
@@ -307,6 +332,12 @@ class Store:
             else:
                 _write_csv(out, summaries)
         return len(summaries)
+
+
+def check_record(rec: RunRecord, where: str = "the run record") -> None:
+    problem = record_problem(rec)
+    if problem:
+        raise StoreError(f"{where} does not fit the store's schema: {problem}")
 
 
 # --- row conversions --------------------------------------------------------------------------

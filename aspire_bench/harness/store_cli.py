@@ -176,14 +176,31 @@ def export(store_path, fmt, per_request, out, **filters):
 @store_option
 def import_command(jsonl, store_path):
     """Add run records from JSONL (`export --format records`, or a recovery file) to a store."""
+    from aspire_bench.atomic import same_file
+    if Path(store_path).exists() and same_file(jsonl, store_path):
+        raise UserError(f"{jsonl} is the store itself: pass the JSONL file to import")
+    recs = []
     try:
-        with open(jsonl) as f:
-            recs = read_jsonl(f)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise UserError(f"{jsonl} is not a JSONL file of run records ({type(e).__name__}: {e})") from None
+        with open(jsonl, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):  # lines split at newlines only (a raw U+2028 is valid JSON)
+                try:
+                    recs += read_jsonl([line])
+                except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
+                    raise UserError(f"{jsonl}:{n} is not a run record ({type(e).__name__}: {_one_line(e)}); "
+                                    "nothing was imported") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{jsonl} is not UTF-8 text ({e.reason}); nothing was imported") from None
     with Store(store_path) as store:
-        ids = [store.save_run(r) for r in recs]
-    click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
+        try:
+            ids, skipped = store.import_runs(recs, str(jsonl))  # one transaction: all records or none
+        except UserError as e:
+            raise UserError(f"{e}; nothing was imported") from None
+    click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else "")
+               + (f"; skipped {skipped} already stored" if skipped else ""))
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
 
 
 @click.command("check")
