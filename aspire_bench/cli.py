@@ -84,6 +84,7 @@ class Main(click.Group):
     def invoke(self, ctx):
         import signal
         import sqlite3
+        _closed_streams_to_devnull()
         try:
             previous = signal.signal(signal.SIGTERM, _interrupt)
         except ValueError:  # not the main thread: leave signals alone
@@ -96,6 +97,9 @@ class Main(click.Group):
         except UserError as e:
             click.secho(f"error: {_one_line(e)}", fg="red", err=True)
             sys.exit(2)
+        except BrokenPipeError:  # the reader went away (`| head`): what it wanted, it has
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except sqlite3.DatabaseError as e:  # a store damaged after it was opened (e.g. truncated)
             click.secho(f"error: the results store cannot be read ({e}): restore it from a backup or pass "
                         "another --store", fg="red", err=True)
@@ -103,6 +107,20 @@ class Main(click.Group):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _closed_streams_to_devnull() -> None:
+    """Started with stdout or stderr closed (`>&-`): they write to /dev/null, and the descriptor is
+    taken before any file is opened, so it can never become a store or an output file."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))
 
 
 def _one_line(e: Exception) -> str:
@@ -140,11 +158,12 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
     if partial.exists():  # never written over or removed: it may hold an earlier run's rows
         raise UserError(f"{partial} exists (the rows of an earlier interrupted run?): move or rename it first")
     rows = read_prompts(prompts_path)  # the file's form, before a model is loaded
-    from .decoders import Request, SamplingParams, get_decoder
+    from .decoders import Request, SamplingParams, check_for_model, get_decoder
     from .engine import Engine
     from .progress import TokenProgress
     dec = get_decoder(decoder, **parse_decoder_args(decoder_args))
     engine = Engine.from_pretrained(model, dtype, device, attention_backend)
+    check_for_model(dec, engine.cfg.num_layers)
     tok = engine.tokenizer
     prompts = encode_prompts(rows, tok, engine.cfg.vocab_size, str(prompts_path))
     new_tokens = max_new_tokens or 128

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..decoders import check_for_model, get_decoder
 from ..decoders.base import PAPER_SAMPLING
 from ..decoders.calibration import calibrate, pooled_calibration
 from ..errors import ConfigError
@@ -146,6 +147,9 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)
+    for d in decoders:  # settings against the model (a layer index) before the first cell runs
+        name, args = decoder_spec(d)
+        check_for_model(get_decoder(name, **dict(args)), engine.cfg.num_layers)
     tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
     bandwidth = memory_read_bandwidth()

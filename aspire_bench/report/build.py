@@ -21,6 +21,11 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
     store_path, out = Path(store_path), Path(out_dir)
     if not store_path.exists():
         raise UserError(f"no results store at {store_path}: run a benchmark first or pass --store PATH")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory: give a directory for the pages")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UserError(f"--out {out}: {blocked} is a file, not a directory: give another directory")
     runs = load_runs(store_path)
     lb = build(runs)
     now = datetime.now(timezone.utc)

@@ -446,7 +446,7 @@ def train_tiny(
     model.to(torch.bfloat16).save_pretrained(out_dir)
     record["wall_s"] = round(time.time() - t0, 1)
     if curve_path.exists():
-        record["curve"] = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
+        record["curve"] = [json.loads(line) for line in curve_path.read_text().split("\n") if line.strip()]
     (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     ckpt_path.unlink(missing_ok=True)  # the run is complete: the checkpoint's job is done
     print(json.dumps(record, indent=2), flush=True)
