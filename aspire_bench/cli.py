@@ -257,11 +257,14 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
                 store, tag, group, unequal_work, tune, percentiles, save_result, fmt):
     """Run a decoder on a task, print a summary and store the run."""
+    from .atomic import refuse_overwrite
     from .harness.store import check_store_path
     from .tasks import get_task
     decoder_args = parse_decoder_args(decoder_args)
     # Checks that need no model (run() repeats them for API callers), before torch is even imported.
     check_store_path(store)
+    if save_result:
+        refuse_overwrite(save_result, {"--store": store}, "--save-result")
     if data is not None and not get_task(task).reads_data:
         raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
                                  param_hint="--data")
@@ -277,7 +280,10 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                     repeat=repeat, parity=parity, parity_tolerance=parity_tolerance,
                     dtype=_concrete_dtype(model, dtype), device=device,
                     attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
-    result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
+    try:
+        result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the run had not finished: nothing was stored in {store}") from None
     print_summary([result.record], title=escape(f"{task} on {model}"), fmt=fmt,
                   baselines=_group_ar_runs(store, group), percentiles=qs)
     if save_result:
@@ -374,6 +380,12 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
+    from .atomic import refuse_overwrite
+    for option, out in (("--json", json_out), ("--save-result", save_result)):
+        if out:
+            refuse_overwrite(out, {"--store": store}, option)
+    if json_out and save_result:
+        refuse_overwrite(save_result, {"--json": json_out}, "--save-result")
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
