@@ -100,6 +100,9 @@ class Main(click.Group):
         except BrokenPipeError:  # the reader went away (`| head`): what it wanted, it has
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
+        except OSError as e:  # a fault of the machine (a full disk, a file removed underneath): one line
+            click.secho(f"error: {_one_line(e)}", fg="red", err=True)
+            sys.exit(2)
         except sqlite3.DatabaseError as e:  # a store damaged after it was opened (e.g. truncated)
             click.secho(f"error: the results store cannot be read ({e}): restore it from a backup or pass "
                         "another --store", fg="red", err=True)
