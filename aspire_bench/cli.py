@@ -123,7 +123,7 @@ def _closed_streams_to_devnull() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-            setattr(sys, name, open(fd, "w", closefd=False))
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - the process's stream
 
 
 def _one_line(e: Exception) -> str:

@@ -5,6 +5,7 @@ import hashlib
 import importlib.metadata
 import itertools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -180,7 +181,7 @@ def record_hash(rec: RunRecord) -> str:
     recognised and stored once."""
     d = {k: v for k, v in rec.to_json().items() if k != "run_id"}
     # as the store gives them back: NaN as NULL, booleans as integers
-    d["aggregates"] = {k: None if isinstance(v, float) and v != v else int(v) if isinstance(v, bool) else v
+    d["aggregates"] = {k: None if isinstance(v, float) and math.isnan(v) else int(v) if isinstance(v, bool) else v
                        for k, v in d["aggregates"].items()}
     return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 

@@ -156,7 +156,7 @@ def read_sweep_file(path) -> Any:
     if not path.is_file():
         raise UserError(f"sweep file {path} does not exist" if not path.exists() else f"{path} is not a file")
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 (safe: plain data)
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # SafeLoader's subclass: plain data only
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:

@@ -18,7 +18,14 @@ from typing import TextIO
 
 from aspire_bench.atomic import append_line, atomic_open, check_name
 from aspire_bench.errors import StoreError, UserError
-from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields, record_hash, record_problem
+from aspire_bench.harness.records import (
+    RequestRow,
+    RunRecord,
+    StepRecord,
+    known_fields,
+    record_hash,
+    record_problem,
+)
 
 DEFAULT_PATH = "./aspire_results.db"
 BUSY_TIMEOUT_S = 60.0
@@ -419,6 +426,12 @@ def _check_store_file(path: Path, must_exist: bool) -> None:
     if size and _truncated(path, size):
         raise StoreError(f"{path} is truncated (shorter than its header says): restore the store from a backup "
                          "or pass another --store")
+
+
+def check_store_file(path: Path) -> None:
+    """What a store path must be before anything opens it: not a directory or a device, a name with room
+    for SQLite's companions, and an existing file a SQLite database that is not truncated."""
+    _check_store_file(path, must_exist=False)
 
 
 def _truncated(path: Path, size: int) -> bool:

@@ -12,7 +12,7 @@ from rich.table import Table
 from aspire_bench.atomic import atomic_open
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import RUN_KINDS, RunRecord, read_jsonl
-from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
+from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path, check_store_file
 from aspire_bench.harness.tables import emit, format_option, resolve_format
 
 # Aggregates shown in the `runs` list, the headline figure of each kind: (header, aggregate name).
@@ -32,8 +32,20 @@ REQUEST_COLUMNS = (
     ("parity", lambda r: (r.parity or {}).get("kind")),
 )
 
+def _store_from_env(ctx, param, value):
+    """A store path set by $ASPIRE_BENCH_STORE is refused naming the variable, not an option never given."""
+    from click.core import ParameterSource
+    if ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT:
+        try:
+            check_store_file(Path(value))
+        except UserError as e:
+            raise UserError(f"ASPIRE_BENCH_STORE={value!r}: {str(e).replace(f'--store {value} ', '')}; fix or unset "
+                            "the variable") from None
+    return value
+
+
 store_option = click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True,
-                            envvar="ASPIRE_BENCH_STORE", help="SQLite results store.")
+                            envvar="ASPIRE_BENCH_STORE", callback=_store_from_env, help="SQLite results store.")
 
 
 def _open(path: str) -> Store:

@@ -7,7 +7,6 @@ roofline is asked for. A parametric setting gives the same from flags.
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _serve() -> None:
-    import aspire_bench.cli as cli
-    import aspire_bench.harness.frames  # noqa: F401 - the read commands' import, once
-    import aspire_bench.harness.runner  # noqa: F401 - torch and the engine, once
+    import aspire_bench.harness.frames
+    import aspire_bench.harness.runner  # noqa: F401 - torch and the engine, imported once for every fork
+    from aspire_bench import cli
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()
@@ -33,13 +33,13 @@ def _serve() -> None:
                 out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(err, 2)
-                sys.stderr = open(2, "w", closefd=False)
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the fork's own stream
                 if req["close_stdout"]:
                     os.close(1)  # as `>&-`: the process starts with no stdout
                     sys.stdout = None
                 else:
                     os.dup2(out, 1)
-                    sys.stdout = open(1, "w", closefd=False)
+                    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the fork's own stream
                 os.close(out)
                 os.close(err)
                 try:
@@ -55,7 +55,7 @@ def _serve() -> None:
                 for stream in (sys.stdout, sys.stderr):
                     try:
                         stream and stream.flush()
-                    except Exception:  # noqa: BLE001
+                    except Exception:  # noqa: BLE001, S110 - a stream closed by the command itself
                         pass
                 os._exit(code)
         _, status = os.waitpid(pid, 0)

@@ -6,14 +6,11 @@ once) and is judged by exit status, one line of stderr, files unchanged by hash 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
-import time
-import uuid
 from contextlib import closing
 from pathlib import Path
 
@@ -93,16 +90,15 @@ def test_export_keeps_a_users_tmp_file_and_a_failed_write_leaves_no_trace(cli, w
 def test_generate_interrupted_says_where_its_rows_are(tmp_path):
     from aspire_bench.cli import _keep_partial
     partial = tmp_path / "o.jsonl.partial"
-    with pytest.raises(KeyboardInterrupt, match=f"the 1 row\\(s\\) finished so far are in {partial}"):
-        with _keep_partial(partial) as f:
-            f.write("{}\n")
-            f.rows += 1
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt, match=f"the 1 row\\(s\\) finished so far are in {partial}"), \
+            _keep_partial(partial) as f:
+        f.write("{}\n")
+        f.rows += 1
+        raise KeyboardInterrupt
     assert partial.read_text() == "{}\n"
     empty = tmp_path / "e.jsonl.partial"
-    with pytest.raises(KeyboardInterrupt, match="no row had finished"):
-        with _keep_partial(empty):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt, match="no row had finished"), _keep_partial(empty):
+        raise KeyboardInterrupt
     assert not empty.exists()  # ours and empty: removed
 
 
@@ -113,7 +109,8 @@ def full_fs(tmp_path):
     mnt.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a full filesystem needs `mount -t tmpfs` as root; this machine runs the tests as a user")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=False,
+                         capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not allowed here ({res.stderr.strip()})")
     try:
