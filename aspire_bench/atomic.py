@@ -127,13 +127,11 @@ def check_name(path: str | Path, what: str, companion: str = "") -> None:
         path_max = os.pathconf(anchor, "PC_PATH_MAX")
     except (OSError, ValueError):
         pass
-    n = len(os.fsencode(path.name + companion))
-    if n > name_max:
-        raise UserError(f"{what}: the file name is {len(os.fsencode(path.name))} bytes long; this filesystem allows "
-                        f"{name_max - len(companion)} (beside it goes {path.name[:20]}...{companion}): "
-                        "choose a shorter name" if companion else
-                        f"{what}: the file name is {n} bytes long; this filesystem allows {name_max}: "
-                        "choose a shorter name")
+    n = len(os.fsencode(path.name))
+    if n + len(companion) > name_max:
+        room = f" (with room for NAME{companion} beside it)" if companion else ""
+        raise UserError(f"{what}: the file name is {n} bytes long; this filesystem allows {name_max - len(companion)}"
+                        f"{room}: choose a shorter name")
     if len(os.fsencode(str(path.absolute()))) + len(companion) >= path_max:
         raise UserError(f"{what}: the path is longer than this filesystem allows ({path_max} bytes): "
                         "choose a shorter one")

@@ -30,6 +30,8 @@ def _distinct(items: list) -> list:
     for x in items:
         if x in seen:
             shown = x.model_dump(exclude_defaults=True) if isinstance(x, BaseModel) else x
+            if isinstance(shown, dict) and len(shown) == 1 and set(shown) <= {"name", "path"}:
+                shown = next(iter(shown.values()))  # a bare name, as it was written
             raise ValueError(f"{shown!r} is listed twice: keep one")
         seen.append(x)
     return items

@@ -414,7 +414,8 @@ def _check_store_file(path: Path, must_exist: bool) -> None:
         raise StoreError(f"--store {path} is a directory: pass a file, e.g. {path / 'aspire_results.db'}")
     if path.exists() and not path.is_file():  # /dev/null, a FIFO: SQLite would put a journal beside it
         raise StoreError(f"--store {path} is not a regular file: pass a results store or a new file name")
-    check_name(path, "--store", companion="-journal")  # SQLite makes STORE-journal and STORE-wal beside it
+    # SQLite makes STORE-journal beside it, and a save that fails writes STORE.recovery.jsonl
+    check_name(path, "--store", companion=".recovery.jsonl")
     if not path.exists():
         if must_exist:
             raise StoreError(f"no results store at {path}: run a benchmark first or pass --store PATH")
