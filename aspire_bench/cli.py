@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +37,7 @@ def decoder_options(f, max_new_help: str = "Default: the task's own."):
         click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
         click.option("--decoder-arg", "decoder_args", multiple=True, metavar="K=V",
                      help="Decoder setting, repeatable (e.g. gamma=4)."),
-        click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE),
+        click.option("--batch-size", default=8, show_default=True, type=T.BATCH),
         click.option("--max-new-tokens", default=None, type=T.POSITIVE, help=max_new_help),
         click.option("--temperature", default=0.0, show_default=True, type=T.TEMPERATURE, help="0 = greedy."),
         click.option("--top-k", default=0, show_default=True, type=T.NON_NEGATIVE, help="0 = off."),
@@ -54,6 +55,8 @@ def parse_percentiles(spec: str) -> tuple[float, ...]:
         qs = ()
     if not qs or any(not 0 <= q <= 100 for q in qs):
         raise UserError(f"--percentiles {spec!r} must be comma-separated numbers in 0..100, such as 50,90,99")
+    if len(set(qs)) != len(qs):
+        raise UserError(f"--percentiles {spec!r} names one percentile twice: keep one")
     return tuple(int(q) if q == int(q) else q for q in qs)
 
 
@@ -70,13 +73,12 @@ def measure_options(f):
 
 
 def write_json(path: Path, obj) -> None:
-    """Write `obj` as JSON to `path` (beside and renamed: never half-written); `-` prints it to stdout."""
+    """Write `obj` as JSON to `path` atomically (never half-written); `-` prints it to stdout."""
     if str(path) == "-":
         click.echo(json.dumps(obj, indent=1, default=str))
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    from .atomic import write_text
+    write_text(path, json.dumps(obj, indent=1, default=str))
 
 
 def _interrupt(signum, frame):
@@ -87,16 +89,23 @@ class Main(click.Group):
     def invoke(self, ctx):
         import signal
         import sqlite3
+        _closed_streams_to_devnull()
         try:
             previous = signal.signal(signal.SIGTERM, _interrupt)
         except ValueError:  # not the main thread: leave signals alone
             previous = None
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.secho("interrupted", fg="red", err=True)
+        except KeyboardInterrupt as e:  # a command's message says what was kept and where
+            click.secho(f"interrupted: {_one_line(e)}" if str(e) else "interrupted", fg="red", err=True)
             sys.exit(130)
         except UserError as e:
+            click.secho(f"error: {_one_line(e)}", fg="red", err=True)
+            sys.exit(2)
+        except BrokenPipeError:  # the reader went away (`| head`): what it wanted, it has
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+        except OSError as e:  # a fault of the machine (a full disk, a file removed underneath): one line
             click.secho(f"error: {_one_line(e)}", fg="red", err=True)
             sys.exit(2)
         except sqlite3.DatabaseError as e:  # a store damaged after it was opened (e.g. truncated)
@@ -108,16 +117,33 @@ class Main(click.Group):
                 signal.signal(signal.SIGTERM, previous)
 
 
+def _closed_streams_to_devnull() -> None:
+    """Started with stdout or stderr closed (`>&-`): they write to /dev/null, and the descriptor is
+    taken before any file is opened, so it can never become a store or an output file."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - the process's stream
+
+
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
 @click.group(cls=Main, epilog=examples("aspire-bench demo", "aspire-bench --threads 1 run --decoder aspire --context-len 4k --parity"))
 @click.version_option(package_name="aspire-bench")
-@click.option("--threads", default=None, type=T.POSITIVE, envvar="ASPIRE_BENCH_THREADS",
-              help="CPU threads for torch (default: torch's). On a busy machine 1 is often faster.")
+@click.option("--threads", default=None, type=T.THREADS,
+              help="CPU threads for torch (default: $ASPIRE_BENCH_THREADS, else torch's). On a busy machine 1 "
+                   "is often faster.")
 def main(threads):
     """Benchmark and evaluate long-context speculative decoders (AR, MagicDec, Vegas, ASPIRE)."""
+    if threads is None:
+        threads = T.env_positive_int("ASPIRE_BENCH_THREADS")
     if threads:
         import torch
         torch.set_num_threads(threads)
@@ -134,18 +160,29 @@ def main(threads):
 def generate(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
              temperature, top_k, top_p, seed, prompts_path, out_path):
     """Generate for your own prompts with any decoder; writes one JSON row per prompt."""
+    from .atomic import refuse_overwrite
     from .harness.prompts import encode_prompts, read_prompts
+    refuse_overwrite(out_path, {"--prompts": prompts_path})
+    partial = out_path.with_name(out_path.name + ".partial")
+    if partial.exists():  # never written over or removed: it may hold an earlier run's rows
+        raise UserError(f"{partial} exists (the rows of an earlier interrupted run?): move or rename it first")
     rows = read_prompts(prompts_path)  # the file's form, before a model is loaded
-    from .decoders import Request, SamplingParams, get_decoder
+    from .decoders import Request, SamplingParams, check_for_model, get_decoder
     from .engine import Engine
     from .progress import TokenProgress
     dec = get_decoder(decoder, **parse_decoder_args(decoder_args))
     engine = Engine.from_pretrained(model, dtype, device, attention_backend)
+    check_for_model(dec, engine.cfg.num_layers)
     tok = engine.tokenizer
     prompts = encode_prompts(rows, tok, engine.cfg.vocab_size, str(prompts_path))
+    new_tokens = max_new_tokens or 128
+    longest = max(prompts, key=lambda p: len(p[1]))
+    if len(longest[1]) + new_tokens > engine.max_context:  # the fixes this command has
+        raise UserError(f"prompt {longest[0]!r} has {len(longest[1])} tokens; with {new_tokens} new tokens that "
+                        f"exceeds the model's maximum context of {engine.max_context}: shorten the prompt or "
+                        "lower --max-new-tokens")
     # Rows are appended to OUT.partial as requests finish (in finishing order) and the file is
     # renamed to OUT at the end: an interrupted run keeps what finished, OUT is never half-written.
-    partial = out_path.with_name(out_path.name + ".partial")
     with _keep_partial(partial) as f:
         def writer(rid):
             def on_finish(output_ids, finish_reason):
@@ -153,31 +190,54 @@ def generate(model, dtype, device, attention_backend, decoder, decoder_args, bat
                 f.write(json.dumps({"id": rid, "output_ids": output_ids, "text": text,
                                     "finish_reason": finish_reason}) + "\n")
                 f.flush()
+                f.rows += 1
             return on_finish
 
-        reqs = [Request(rid, ids, max_new_tokens or 128, on_finish=writer(rid)) for rid, ids in prompts]
+        reqs = [Request(rid, ids, new_tokens, on_finish=writer(rid)) for rid, ids in prompts]
         params = SamplingParams(temperature, top_k, top_p, seed, engine.cfg.eos_token_ids)
         with TokenProgress(sum(r.max_new_tokens for r in reqs), f"{decoder}") as bar:
             out = dec.generate(engine, reqs, params, batch_size, progress=bar.advance)
-    partial.replace(out_path)
+    os.replace(partial, out_path)
     click.echo(f"wrote {len(out.results)} rows to {out_path}")
+
+
+class _Rows:
+    """A text file that counts the rows written to it."""
+
+    def __init__(self, f):
+        self.f, self.rows = f, 0
+
+    def write(self, s):
+        return self.f.write(s)
+
+    def flush(self):
+        self.f.flush()
 
 
 @contextmanager
 def _keep_partial(partial: Path):
-    """The open OUT.partial; on failure it is kept when rows were written (and the error says so),
-    removed when empty."""
-    f = partial.open("w")
-    try:
-        yield f
-    except BaseException as e:
-        f.close()
-        if partial.stat().st_size == 0:
-            partial.unlink()
-        elif isinstance(e, UserError):
-            raise UserError(f"{e} (the rows finished so far are in {partial})") from None
-        raise
-    f.close()
+    """OUT.partial, created here (never an existing file); on failure it is kept when rows were
+    written and the message says where, removed when empty; at the end it is synced to disk."""
+    with partial.open("x", encoding="utf-8") as raw:
+        f = _Rows(raw)
+        try:
+            yield f
+            raw.flush()
+            os.fsync(raw.fileno())
+        except BaseException as e:
+            raw.close()
+            if f.rows == 0:
+                partial.unlink(missing_ok=True)  # ours, and empty
+                kept = "no row had finished"
+            else:
+                kept = f"the {f.rows} row(s) finished so far are in {partial}"
+            if isinstance(e, KeyboardInterrupt):
+                raise KeyboardInterrupt(kept) from None
+            if isinstance(e, UserError):
+                raise UserError(f"{e} ({kept})") from None
+            if isinstance(e, OSError):
+                raise UserError(f"could not write {partial} ({e}); {kept}") from None
+            raise
 
 
 @main.command("run", epilog=examples(
@@ -187,7 +247,7 @@ def _keep_partial(partial: Path):
 @decoder_options
 @click.option("--task", default="code-completion", show_default=True, help="See `aspire-bench tasks`.")
 @click.option("--data", default=None, help="Local dataset file/dir (json, jsonl, parquet) instead of the Hub cache.")
-@click.option("--limit", default=8, show_default=True, type=T.POSITIVE, help="Samples to run.")
+@click.option("--limit", default=8, show_default=True, type=T.REQUESTS, help="Samples to run.")
 @click.option("--context-len", default=None, callback=T.context_len,
               help="Context bucket, e.g. 4k, 16k, 32k, 30-40k.")
 @click.option("--repeat", default=1, show_default=True, type=T.POSITIVE, help="Measured repeats (median stored).")
@@ -209,6 +269,7 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                 temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
                 store_path, tag, group, unequal_work, tune, percentiles, save_result, columns, fmt):
     """Run a decoder on a task, print a summary and store the run."""
+    from .atomic import refuse_overwrite
     from .harness.store import check_store_path
     from .tasks import get_task
     store = store_path
@@ -217,7 +278,9 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
     check_store_path(store)
     from .harness.tables import summary_table
     summary_table([], columns=columns)  # an unknown --columns name fails now, not after the run
-    if not get_task(task).reads_data and data is not None:
+    if save_result:
+        refuse_overwrite(save_result, {"--store": store}, "--save-result")
+    if data is not None and not get_task(task).reads_data:
         raise click.BadParameter(f"task {task} makes its own prompts and reads no --data: drop --data",
                                  param_hint="--data")
     from rich.markup import escape
@@ -232,7 +295,10 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                     repeat=repeat, parity=parity, parity_tolerance=parity_tolerance,
                     dtype=_concrete_dtype(model, dtype), device=device,
                     attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
-    result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
+    try:
+        result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the run had not finished: nothing was stored in {store}") from None
     print_summary([result.record], title=escape(f"{task} on {model}"), fmt=fmt,
                   baselines=_group_ar_runs(store, group), percentiles=qs, columns=columns)
     if save_result:
@@ -291,9 +357,9 @@ def _csv_or_none(callback):
 @click.option("--context-len", "contexts", default=None, callback=_csv_or_none(T.csv_contexts),
               help="Context buckets, comma-separated: one cell per context.  [default: 4k,16k,32k]")
 @hidden_alias("--contexts", "contexts_alias", callback=_csv_or_none(T.csv_contexts))
-@click.option("--batch-size", "batch_sizes", default=None, callback=_csv_or_none(T.csv_positive_ints),
+@click.option("--batch-size", "batch_sizes", default=None, callback=_csv_or_none(T.csv_batch_sizes),
               help="Batch sizes, comma-separated: one cell per batch size.  [default: 1,8]")
-@hidden_alias("--batch-sizes", "batch_sizes_alias", callback=_csv_or_none(T.csv_positive_ints))
+@hidden_alias("--batch-sizes", "batch_sizes_alias", callback=_csv_or_none(T.csv_batch_sizes))
 @click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True,
               callback=T.decoder_specs,
               help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035].")
@@ -303,7 +369,7 @@ def _csv_or_none(callback):
               help="Sampling settings, each run on the same prefilled requests: greedy (parity is checked), "
                    "paper (temperature 0.7, top-k 50, top-p 0.9, the ASPIRE paper's), or temperature:top_k:top_p.")
 @click.option("--seed", default=0, show_default=True, type=T.SEED)
-@click.option("--limit", default=None, type=T.POSITIVE,
+@click.option("--limit", default=None, type=T.REQUESTS,
               help="Requests per cell (default: 16 or the batch size, whichever is larger).")
 @click.option("--no-tune", is_flag=True, help="Skip tuning the baselines' gamma (no tuned rows).")
 @click.option("--no-bound", is_flag=True, help="Skip measuring step costs (no bound share).")
@@ -336,8 +402,12 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]
     try:
         samplings = [parse_sampling(x) for x in split(sampling)]
+        T.refuse_duplicates([(s.temperature, s.top_k, s.top_p) for s in samplings], "sampling ")
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sampling") from None
+    except click.BadParameter as e:
+        raise click.BadParameter(f"{sampling!r}: the same sampling is given twice: keep one",
+                                 param_hint="--sampling") from e
     for s in samplings:  # the ranges a single run has
         if not sampling_in_range(s.temperature, s.top_k, s.top_p):
             raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
@@ -349,6 +419,12 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
     bench_table([], 0.0, columns)  # so is a bad --columns
     from .tasks import get_task
     get_task(task)
+    from .atomic import refuse_overwrite
+    for option, out in (("--json", json_out), ("--save-result", save_result)):
+        if out:
+            refuse_overwrite(out, {"--store": store}, option)
+    if json_out and save_result:
+        refuse_overwrite(save_result, {"--json": json_out}, "--save-result")
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
@@ -399,7 +475,7 @@ def decoders_command():
 
 @main.command("calibrate", epilog=examples("aspire-bench calibrate --model tiny --batch-size 8 --context-len 16k"))
 @model_options
-@click.option("--batch-size", default=8, show_default=True, type=T.POSITIVE)
+@click.option("--batch-size", default=8, show_default=True, type=T.BATCH)
 @click.option("--context-len", default=4096, show_default=True, type=TokenCount(),
               help="Context of each request in tokens (4096 or 4k). An aspire run uses the fit taken at "
                    "its median prompt length to the nearest power of two (at least 4k).")

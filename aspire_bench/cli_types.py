@@ -10,6 +10,7 @@ import click
 
 from .errors import UserError
 from .harness.tables import examples  # noqa: F401  (commands import it from here)
+from .limits import MAX_BATCH, MAX_REQUESTS, MAX_THREADS
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range
 
@@ -27,6 +28,9 @@ class FiniteFloat(click.FloatRange):
 
 
 POSITIVE = click.IntRange(min=1)
+REQUESTS = click.IntRange(1, MAX_REQUESTS)  # bounded: each request is built (and held) before the run
+BATCH = click.IntRange(1, MAX_BATCH)
+THREADS = click.IntRange(1, MAX_THREADS)
 NON_NEGATIVE = click.IntRange(min=0)
 
 
@@ -47,6 +51,22 @@ TEMPERATURE = FiniteFloat(min=0.0)  # 0 = greedy
 TOP_P = FiniteFloat(min=0.0, max=1.0, min_open=True)  # 1 = off
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto")  # auto: the checkpoint's own
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
+def env_positive_int(name: str) -> int | None:
+    """An environment variable holding an integer >= 1 (None when unset or empty); a bad value is
+    refused naming the variable, not an option the user never gave."""
+    import os
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise UserError(f"{name}={value!r} must be an integer in 1..{MAX_THREADS}: fix or unset it")
+    return n
 
 
 class TokenCount(click.ParamType):
@@ -79,11 +99,21 @@ def context_len(ctx, param, value):
 
 
 def csv_list(ctx, param, value):
-    """A comma-separated option as a list (empty items dropped; none at all is an error)."""
+    """A comma-separated option as a list (empty items dropped; none at all, or one twice, is an error)."""
     items = [x.strip() for x in (value or "").split(",") if x.strip()]
     if not items:
         raise click.BadParameter("give at least one value")
+    refuse_duplicates(items)
     return items
+
+
+def refuse_duplicates(items, what: str = "") -> None:
+    """A list option naming one value twice would run (and store) the same thing twice."""
+    seen = set()
+    for x in items:
+        if x in seen:
+            raise click.BadParameter(f"{what}{x!r} is given twice: keep one")
+        seen.add(x)
 
 
 def csv_contexts(ctx, param, value):
@@ -103,6 +133,15 @@ def csv_positive_ints(ctx, param, value):
         if n < 1:
             raise click.BadParameter(f"{n} is not >= 1")
         out.append(n)
+    refuse_duplicates(out)
+    return out
+
+
+def csv_batch_sizes(ctx, param, value):
+    out = csv_positive_ints(ctx, param, value)
+    for n in out:
+        if n > MAX_BATCH:
+            raise click.BadParameter(f"batch size {n} is more than {MAX_BATCH:,}: each slot holds a request's KV cache")
     return out
 
 

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import cli_types as T
+from .atomic import write_text
 from .harness.store_cli import store_option
 from .harness.tables import emit, format_option, info
 
@@ -75,9 +76,7 @@ def _prepare(threads, store_path, dtype, model, task, data):
 def _write_json(path: Path | None, obj) -> None:
     if path is None or str(path) == "-":  # `-`: printed as the command's --format json output
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps(obj, indent=1))
 
 
 def _save(store_path, record, fmt) -> None:

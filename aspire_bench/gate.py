@@ -22,6 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from aspire_bench.atomic import write_text
 from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.harness.records import RunRecord, platform_summary
@@ -381,7 +382,7 @@ def _gate(console, baseline_path, store_path, run_ids, group, tol_overrides, all
         old = read_baseline(baseline_path).get("tolerances", {}) if baseline_path.exists() else {}
         data = make_baseline(entries, selected, _tolerances(old, tol_overrides), store_path)
         baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        baseline_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_text(baseline_path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         console.print(f"wrote baseline {baseline_path}: {len(entries)} entries from runs "
                       f"{', '.join(map(str, data['source']['runs']))}")
         return PASS

@@ -9,7 +9,7 @@ from functools import cache
 from .. import plugins
 from ..errors import ConfigError, did_you_mean
 from .base import Decoder, GenerationOutput, Request, RequestResult, SamplingParams  # noqa: F401
-from .settings import check_settings, parse_value  # noqa: F401
+from .settings import check_for_model, check_settings, parse_value  # noqa: F401
 
 _REGISTRY = {
     "ar": ("aspire_bench.decoders.ar", "ARDecoder", {}),

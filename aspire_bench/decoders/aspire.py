@@ -16,7 +16,7 @@ import torch
 from ..engine import PAGE_MAX_SUM, SCATTERED_HEAD, Capture, PageView
 from ..errors import ConfigError
 from .base import DRAFT, VERIFY
-from .calibration import run_cost_model
+from .calibration import read_calibration, run_cost_model
 from .loop import Decoder, Plan, Policy
 from .scheduler import (
     DEFAULT_COST,
@@ -58,6 +58,8 @@ class AspireSettings:
         for name, allowed in (("policy", POLICIES), ("zero_draft", ZERO_DRAFT), ("cost_terms", COST_TERMS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"unknown aspire {name} {getattr(self, name)!r}: choose one of {', '.join(allowed)}")
+        if self.calibration not in ("auto", "none", "online"):
+            read_calibration(self.calibration)  # a file: checked now, before any compute
 
     def describe(self) -> dict:
         return {**asdict(self), "gamma": self.gamma if self.policy == "fixed" else None}
@@ -73,6 +75,9 @@ class AspirePolicy(Policy):
     def __init__(self, settings: AspireSettings, page_size: int, num_layers: int, cost: CostModel = DEFAULT_COST):
         super().__init__(settings, page_size, num_layers)
         self.cost = cost
+        if not -num_layers <= settings.refresh_layer < num_layers:  # never wrapped around the layer count
+            raise ConfigError(f"aspire refresh_layer={settings.refresh_layer} is not a layer of this model "
+                              f"({num_layers} layers)")
         self.layer = settings.refresh_layer % num_layers
         self.samples: list[tuple[float, float, float, float]] = []  # calibration=online: this run's steps
         # Of the scattered positions draft_kv's upper bound assumed for this run's drafts, the share the

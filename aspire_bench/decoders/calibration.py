@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_text
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
 from ..kernels import cpu_sampling
@@ -304,12 +305,61 @@ def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | 
     default where a run at the calibration's context looks for it."""
     path = out or calibration_path(engine, batch_size, result["context"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**result, "model": engine.name, "device": engine.device.type,
-                               "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
-                               "page_size": engine.page_size}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({**result, "model": engine.name, "device": engine.device.type,
+                                 "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
+                                 "page_size": engine.page_size}, indent=1))
     return path
+
+
+REQUIRED_TERMS = ("beta0", "beta_tok", "beta_attn")
+OPTIONAL_TERMS = ("beta_qk", "beta_sparse", "beta_multi", "beta_capture")
+
+
+def read_calibration(path: str | Path, what: str = "calibration file") -> dict:
+    """A calibration file, checked as a gate baseline is: a JSON object whose coefficients are finite
+    numbers >= 0 (the three main ones present), qk_free an integer >= 0, R^2 a finite number or null, and
+    samples a list of timing samples of finite, non-negative numbers. ConfigError (one line) otherwise."""
+    path = Path(path)
+    fix = "run `aspire-bench calibrate` again or pass calibration=auto"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist: run `aspire-bench calibrate` or pass calibration=auto") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {path} is not a calibration (not readable JSON: {' '.join(str(e).split())}): {fix}") from None
+    problem = calibration_problem(data)
+    if problem:
+        raise ConfigError(f"{what} {path} is not a calibration ({problem}): {fix}")
+    return data
+
+
+def calibration_problem(data) -> str | None:
+    """Why `data` (a parsed calibration file) is malformed, or None."""
+    def number(v, minimum=0.0):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= minimum
+
+    if not isinstance(data, dict):
+        return f"a JSON object is expected, not {type(data).__name__}"
+    for k in (*REQUIRED_TERMS, *OPTIONAL_TERMS):
+        if k not in data and k in OPTIONAL_TERMS:
+            continue
+        if not number(data.get(k)):
+            return f"{k} must be a finite number >= 0, got {data.get(k)!r}"
+    qk_free = data.get("qk_free", 0)
+    if not (isinstance(qk_free, int) and not isinstance(qk_free, bool) and qk_free >= 0):
+        return f"qk_free must be an integer >= 0, got {qk_free!r}"
+    if data.get("r2") is not None and not number(data["r2"], -math.inf):
+        return f"r2 must be a finite number or null, got {data['r2']!r}"
+    samples = data.get("samples")
+    if samples is not None:
+        if not isinstance(samples, list):
+            return "samples must be a list"
+        for i, s in enumerate(samples):
+            scalars = s[:4] if isinstance(s, list) else None
+            if not isinstance(s, list) or len(s) < 3 or not all(
+                    number(x) for x in scalars if not isinstance(x, list)):
+                return f"samples[{i}] must be a list of finite numbers >= 0"
+    return None
 
 
 def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> CostModel:
@@ -348,12 +398,9 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
             save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
     else:
         path = Path(calibration)
-        if not path.exists():
-            raise ConfigError(f"calibration file {path} does not exist: run `aspire-bench calibrate` "
-                              "or pass calibration=auto")
     source = f"calibration:{path.name}"
+    stored = read_calibration(path)
     try:
-        stored = json.loads(path.read_text())
         model = cost_model_from(stored, source)  # the best fit: how well the timings are explained
         paper = cost_model_from(stored, source, terms="paper") if cost_terms == "paper" else None
     except (ValueError, KeyError, TypeError) as e:

@@ -13,6 +13,7 @@ import typing
 from functools import cache
 
 from ..errors import ConfigError, did_you_mean, validation_message
+from ..limits import C_INT_MAX
 
 # (min, max, inclusive max) per setting name; a decoder's setting not listed here has no range.
 # Ranges are shared by name: every decoder means the same thing by `gamma` or `ratio`.
@@ -25,13 +26,41 @@ RANGES: dict[str, dict] = {
 }
 
 
+def _field(name: str, hint, default):
+    """A setting's pydantic Field: its declared range; integers within a C int (they reach the kernels
+    as one), floats finite."""
+    from pydantic import Field
+    bounds = dict(RANGES.get(name, {}))
+    if hint is int:
+        bounds.setdefault("ge", -C_INT_MAX - 1)
+        bounds.setdefault("le", C_INT_MAX)
+    if hint is float:
+        bounds["allow_inf_nan"] = False
+    return Field(default, **bounds)
+
+
+def check_for_model(decoder, num_layers: int) -> None:
+    """A built decoder's settings against the model it is about to run on (check_layers)."""
+    settings = getattr(decoder, "settings", None)
+    check_layers(getattr(decoder, "name", "?"), settings() if callable(settings) else {}, num_layers)
+
+
+def check_layers(name: str, settings: dict, num_layers: int) -> None:
+    """A setting naming a layer (`*_layer`, negative counting from the last) must be one of the model's,
+    checked once the model is known and before any compute; never taken modulo the layer count."""
+    for key, value in settings.items():
+        if key.endswith("_layer") and isinstance(value, int) and not -num_layers <= value < num_layers:
+            raise ConfigError(f"decoder {name!r} setting {key}={value} is not a layer of this model ({num_layers} "
+                              f"layers: 0..{num_layers - 1}, or -1..-{num_layers} from the last)")
+
+
 @cache
 def _model(cls: type):
-    from pydantic import ConfigDict, Field, create_model
+    from pydantic import ConfigDict, create_model
     fields = {}
     if dataclasses.is_dataclass(getattr(cls, "Settings", None)):
         hints = typing.get_type_hints(cls.Settings)
-        fields = {f.name: (hints[f.name], Field(f.default, **RANGES.get(f.name, {})))
+        fields = {f.name: (hints[f.name], _field(f.name, hints[f.name], f.default))
                   for f in dataclasses.fields(cls.Settings)}
         return create_model(f"{cls.__name__}Settings", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
     for klass in cls.__mro__:  # a decoder without a Settings dataclass: its constructors' parameters
@@ -42,7 +71,7 @@ def _model(cls: type):
         for name, p in inspect.signature(init).parameters.items():
             if name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or name in fields:
                 continue
-            fields[name] = (hints.get(name, typing.Any), Field(p.default, **RANGES.get(name, {})))
+            fields[name] = (hints.get(name, typing.Any), _field(name, hints.get(name), p.default))
     return create_model(f"{cls.__name__}Settings",
                         __config__=ConfigDict(strict=True, extra="forbid"), **fields)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..kernels import get_backend
 from ..kernels.base import AttentionMeta, RowMeta
 from .batch import ForwardOutput, LayerTokenView, PageView, Row, TokenView, View
@@ -55,7 +56,13 @@ class Engine:
         self.dtype = model.dtype
         self.backend = get_backend(attention_backend, self.device.type)
         # auto | cpp | fused | eager (model.Transformer.prepare_dense); $ASPIRE_BENCH_DENSE when not given
-        self.dense_backend = model.prepare_dense(dense_backend or os.environ.get("ASPIRE_BENCH_DENSE", "auto"))
+        dense = dense_backend or os.environ.get("ASPIRE_BENCH_DENSE") or "auto"
+        try:
+            self.dense_backend = model.prepare_dense(dense)
+        except ConfigError as e:
+            if dense_backend is None and os.environ.get("ASPIRE_BENCH_DENSE"):  # say which setting it was
+                raise ConfigError(f"ASPIRE_BENCH_DENSE={dense!r}: {e}; fix or unset the variable") from None
+            raise
         self.page_size = page_size
         self.prefill_chunk = prefill_chunk
         self.name = name

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..decoders import check_for_model, get_decoder
 from ..decoders.base import PAPER_SAMPLING, GenerationOutput
 from ..decoders.calibration import calibrate, pooled_calibration
 from ..errors import ConfigError
@@ -191,9 +192,13 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     round after every run and store the fits with their samples (info["adjacent_calibration"],
     info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
     check_tolerance(parity_tolerance)
+    metrics.check_percentiles(percentiles)
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)
+    for d in decoders:  # settings against the model (a layer index) before the first cell runs
+        name, args = decoder_spec(d)
+        check_for_model(get_decoder(name, **dict(args)), engine.cfg.num_layers)
     tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
     bandwidth = memory_read_bandwidth()

@@ -29,7 +29,8 @@ def _where(store: Store, filters: dict) -> tuple[str, list]:
         raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
     parts = [(f"{store.kind_sql('r.') if k == 'kind' else 'r.' + FILTERS[k]} = ?", v)
              for k, v in filters.items() if v is not None]
-    return (" WHERE " + " AND ".join(p for p, _ in parts) if parts else ""), [v for _, v in parts]
+    parts.append((store.readable_sql("r.run_id"), None))  # damaged rows skipped, with one warning
+    return " WHERE " + " AND ".join(p for p, _ in parts), [v for _, v in parts if v is not None]
 
 
 def _runs(store: Store, filters: dict) -> pd.DataFrame:

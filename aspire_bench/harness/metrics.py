@@ -175,6 +175,20 @@ def request_figures(r: RequestResult) -> dict[str, float | None]:
 DEFAULT_PERCENTILES = (50, 90, 99)
 
 
+def check_percentiles(qs) -> None:
+    """ConfigError unless qs is a non-empty sequence of distinct numbers in 0..100: checked before a run,
+    so a bad one never throws a measurement away."""
+    import math
+
+    from aspire_bench.errors import ConfigError
+    ok = isinstance(qs, (list, tuple)) and len(qs) > 0 and all(
+        isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and 0 <= q <= 100 for q in qs)
+    if not ok:
+        raise ConfigError(f"percentiles {qs!r} must be a non-empty list of numbers in 0..100, such as (50, 90, 99)")
+    if len({float(q) for q in qs}) != len(qs):
+        raise ConfigError(f"percentiles {qs!r} name one percentile twice: keep one")
+
+
 def _percentiles(prefix: str, values: Sequence[float], qs: Sequence[float]) -> dict[str, float | None]:
     """Latency mean, median and quantiles named `{prefix}_mean_s`, `{prefix}_median_s`, `{prefix}_p{q}_s`."""
     out = {f"{prefix}_mean_s": _mean(values), f"{prefix}_median_s": percentile(values, 50)}

@@ -33,7 +33,7 @@ def read_prompts(path: Path) -> list[PromptRow]:
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     rows, seen = [], set()
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 inside a JSON string is valid
         if line.strip():
             row = parse_line(line, n, where=str(path))
             if row.id in seen:

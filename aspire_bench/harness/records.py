@@ -5,6 +5,7 @@ import hashlib
 import importlib.metadata
 import itertools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -131,6 +132,58 @@ class RunRecord:
         for k, v in unknown.items():
             rec.info.setdefault(k, v)
         return rec
+
+
+def record_problem(rec: RunRecord) -> str | None:
+    """Why a record does not fit the store's schema (checked on every save and on import), or None.
+    Unknown fields are allowed (a newer writer's); the types the store and reports rely on are not."""
+    number = (int, float, type(None))
+    fields_ = [("config", rec.config, dict), ("env", rec.env, dict), ("info", rec.info, dict),
+               ("aggregates", rec.aggregates, dict), ("requests", rec.requests, list), ("steps", rec.steps, list),
+               ("created_at", rec.created_at, str), ("config_hash", rec.config_hash, str)]
+    fields_ += [(k, getattr(rec, k), (str, type(None))) for k in ("error", "sweep", "tag", "group")]
+    for name, value, kind in fields_:
+        if not isinstance(value, kind):
+            return f"{name} is {type(value).__name__}, not {_kinds(kind)}"
+    if rec.status not in ("ok", "failed"):
+        return f"status {rec.status!r} is not ok or failed"
+    if rec.kind not in RUN_KINDS:
+        return f"kind {rec.kind!r} is not one of {', '.join(RUN_KINDS)}"
+    for k, v in rec.aggregates.items():
+        if not isinstance(k, str) or not isinstance(v, number):
+            return f"aggregate {k!r} is {type(v).__name__}, not a number"
+    for i, r in enumerate(rec.requests):
+        where = f"request {i}"
+        if not isinstance(r, RequestRow) or not isinstance(r.id, str) or not isinstance(r.finish_reason, str):
+            return f"{where} lacks a string id or finish_reason"
+        if not (isinstance(r.prompt_len, int) and isinstance(r.output_ids, list)
+                and all(isinstance(t, int) for t in r.output_ids)):
+            return f"{where}: prompt_len must be an integer and output_ids a list of integers"
+        if not isinstance(r.score, number) or not all(isinstance(t, (int, float)) for t in r.token_times):
+            return f"{where}: score and token_times must be numbers"
+        if not isinstance(r.figures, dict) or not isinstance(r.extra, dict) or not isinstance(r.parity, (dict, type(None))):
+            return f"{where}: figures, extra and parity must be mappings"
+    for i, s in enumerate(rec.steps):
+        if not (isinstance(s.index, int) and isinstance(s.n_tokens, int) and isinstance(s.t_start, (int, float))
+                and isinstance(s.t_end, (int, float)) and isinstance(s.rows, list)):
+            return f"step {i} has fields of the wrong type"
+    return None
+
+
+def _kinds(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else {"dict": "a mapping", "list": "a list", "str": "a string"}
+                       .get(k.__name__, k.__name__) for k in kinds)
+
+
+def record_hash(rec: RunRecord) -> str:
+    """The content of a record (every field but the store's run id): the same run imported twice is
+    recognised and stored once."""
+    d = {k: v for k, v in rec.to_json().items() if k != "run_id"}
+    # as the store gives them back: NaN as NULL, booleans as integers
+    d["aggregates"] = {k: None if isinstance(v, float) and math.isnan(v) else int(v) if isinstance(v, bool) else v
+                       for k, v in d["aggregates"].items()}
+    return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
 
 def known_fields(cls, d: Mapping) -> tuple[dict, dict]:
@@ -294,6 +347,7 @@ def write_jsonl(records: Iterable[RunRecord], stream) -> int:
 
 
 def read_jsonl(stream) -> list[RunRecord]:
+    """One record per line (lines split at newline only: a raw U+2028 inside a string is valid JSON)."""
     return [RunRecord.from_json(json.loads(line)) for line in stream if line.strip()]
 
 

@@ -5,7 +5,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
-from ..decoders import SamplingParams, get_decoder
+from ..decoders import SamplingParams, check_for_model, get_decoder
 from ..decoders.base import GenerationOutput
 from ..engine import Engine
 from ..errors import ConfigError
@@ -138,6 +138,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
             engine.prefix_cache = None
         elif engine.prefix_cache is None:
             engine.prefix_cache = {}
+    check_for_model(probe, engine.cfg.num_layers)  # e.g. a layer index: the model is known, nothing computed yet
     task, samples, reqs = build_requests(cfg, engine)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed,
                             () if cfg.eos_ignored else engine.cfg.eos_token_ids)
@@ -253,6 +254,7 @@ def run(cfg: RunConfig | None = None, *, store: str | None = None, group: str | 
             from ..errors import did_you_mean
             raise ConfigError(f"unknown run option {k!r}{did_you_mean(k, list(RunConfig.__dataclass_fields__))}")
         setattr(cfg, k, v)
+    metrics.check_percentiles(percentiles)
     if store is not None:
         check_store_path(store)  # a bad --store fails now, not after the compute
     p = prepare(cfg, engine, show_progress)

@@ -13,12 +13,28 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError, UserError, validation_message
+from ..limits import MAX_BATCH, MAX_REQUESTS
 
 SEED_MAX = 2**63 - 1
 Dtype = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
 Backend = Literal["auto", "torch", "cpu", "triton"]
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
+Requests = Annotated[int, Field(ge=1, le=MAX_REQUESTS)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+def _distinct(items: list) -> list:
+    """A list that names one value twice would run the same cells twice."""
+    seen = []
+    for x in items:
+        if x in seen:
+            shown = x.model_dump(exclude_defaults=True) if isinstance(x, BaseModel) else x
+            if isinstance(shown, dict) and len(shown) == 1 and set(shown) <= {"name", "path"}:
+                shown = next(iter(shown.values()))  # a bare name, as it was written
+            raise ValueError(f"{shown!r} is listed twice: keep one")
+        seen.append(x)
+    return items
 
 
 def _finite(x: float) -> float:
@@ -54,8 +70,8 @@ Temperature = Annotated[float, Field(ge=0.0), AfterValidator(_finite)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 Context = Annotated[str | None, BeforeValidator(_int_as_str), AfterValidator(_bucket)]
-Contexts = Annotated[list[Context], BeforeValidator(_as_list)]
-MaxNew = Annotated[list[Positive | None], BeforeValidator(_as_list)]
+Contexts = Annotated[list[Context], BeforeValidator(_as_list), AfterValidator(_distinct)]
+MaxNew = Annotated[list[Positive | None], BeforeValidator(_as_list), AfterValidator(_distinct)]
 
 
 class _Strict(BaseModel):
@@ -80,7 +96,7 @@ class DecoderEntry(_Strict):
 class TaskEntry(_Strict):
     name: str
     data: str | None = None
-    limit: Positive | None = None
+    limit: Requests | None = None
     contexts: Contexts | None = None
     max_new_tokens: MaxNew | None = None
 
@@ -101,16 +117,16 @@ class RayOptions(_Strict):
 class SweepSpec(_Strict):
     name: str | None = None
     models: Annotated[list[Annotated[ModelEntry, BeforeValidator(_named("path"))]],
-                      BeforeValidator(_as_list), Field(min_length=1)]
+                      BeforeValidator(_as_list), Field(min_length=1), AfterValidator(_distinct)]
     decoders: Annotated[list[Annotated[DecoderEntry, BeforeValidator(_named("name"))]],
-                        BeforeValidator(_as_list), Field(min_length=1)]
+                        BeforeValidator(_as_list), Field(min_length=1), AfterValidator(_distinct)]
     tasks: Annotated[list[Annotated[TaskEntry, BeforeValidator(_named("name"))]],
-                     BeforeValidator(_as_list), Field(min_length=1)]
+                     BeforeValidator(_as_list), Field(min_length=1), AfterValidator(_distinct)]
     contexts: Contexts | None = None
-    batch_sizes: Annotated[list[Positive], BeforeValidator(_as_list), Field(min_length=1)] = [8]
+    batch_sizes: Annotated[list[Batch], BeforeValidator(_as_list), Field(min_length=1), AfterValidator(_distinct)] = [8]
     max_new_tokens: MaxNew | None = None
-    sampling: Annotated[list[SamplingEntry], BeforeValidator(_as_list)] | None = None
-    limit: Positive | None = 8
+    sampling: Annotated[list[SamplingEntry], BeforeValidator(_as_list), AfterValidator(_distinct)] | None = None
+    limit: Requests | None = 8
     repeats: Positive = 1
     parity: bool = False
     parity_tolerance: float | None = None  # its range: harness/parity.check_tolerance
@@ -142,9 +158,34 @@ def read_sweep_file(path) -> Any:
     if not path.is_file():
         raise UserError(f"sweep file {path} does not exist" if not path.exists() else f"{path} is not a file")
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # SafeLoader's subclass: plain data only
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
         raise UserError(f"{path} is not a readable YAML file: {' '.join(str(e).split())}") from None
+
+
+def _unique_key_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """safe_load's loader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def mapping(loader, node, deep=False):
+        loader.flatten_mapping(node)
+        seen = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                continue  # an unhashable key: construct_mapping refuses it below
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice (also on line "
+                                  f"{seen[key]}): keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
 
 
 def check_sweep_file(path) -> None:
@@ -160,9 +201,9 @@ class RunSettings(BaseModel):
     decoder_args: dict[str, Any]
     task: str
     data: str | None
-    limit: Positive | None
+    limit: Requests | None
     context_len: Context
-    batch_size: Positive
+    batch_size: Batch
     max_new_tokens: Positive | None
     temperature: Temperature
     top_k: NonNegative

@@ -16,8 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from aspire_bench.atomic import append_line, atomic_open, check_name
 from aspire_bench.errors import StoreError, UserError
-from aspire_bench.harness.records import RequestRow, RunRecord, StepRecord, known_fields
+from aspire_bench.harness.records import (
+    RequestRow,
+    RunRecord,
+    StepRecord,
+    known_fields,
+    record_hash,
+    record_problem,
+)
 
 DEFAULT_PATH = "./aspire_results.db"
 BUSY_TIMEOUT_S = 60.0
@@ -71,6 +79,22 @@ _V2 = ("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'measured'",
 # Old stores upgrade on open.
 MIGRATIONS: list[tuple[str, ...]] = [_V1, _V2]
 
+def _json_ok(column: str, kind: str = "object") -> str:
+    return f"CASE WHEN json_valid({column}) THEN json_type({column}) = '{kind}' ELSE 0 END"
+
+
+# (table, query of (run_id, what)) for the stored JSON a run is rebuilt from.
+_DAMAGE_QUERIES = (
+    ("runs", "SELECT run_id, trim((CASE WHEN NOT " + _json_ok("config") + " THEN 'config ' ELSE '' END)"
+             " || (CASE WHEN NOT " + _json_ok("env") + " THEN 'env ' ELSE '' END)"
+             " || (CASE WHEN NOT " + _json_ok("info") + " THEN 'info' ELSE '' END)) FROM runs"
+             " WHERE NOT (" + _json_ok("config") + " AND " + _json_ok("env") + " AND " + _json_ok("info") + ")"),
+    ("requests", "SELECT DISTINCT run_id, 'data' FROM requests WHERE NOT " + _json_ok("data")),
+    ("steps", "SELECT run_id, 'data' FROM steps WHERE NOT " + _json_ok("data", "array")),
+)
+
+_WARNED: set[tuple[Path, tuple[int, ...]]] = set()
+
 # Test seam: called inside save_run's transaction after the runs row is written.
 _mid_write_hook: Callable[[], None] | None = None
 
@@ -100,6 +124,7 @@ class Store:
     def __init__(self, path: str | Path = DEFAULT_PATH, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
+        self._damaged: dict[int, str] | None = None
         _check_store_file(self.path, must_exist=readonly)
         try:
             if readonly:
@@ -178,33 +203,85 @@ class Store:
 
     def save_run(self, record: RunRecord) -> int:
         """Write the whole record in one transaction; returns its run_id (also set on the record)."""
+        check_record(record)
         with self._transaction() as c:
-            run_id = c.execute(
-                "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
-                " config, env, info, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
-                 record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
-                 _dumps(record.config), _dumps(record.env), _dumps(record.info), record.kind),
-            ).lastrowid
-            if _mid_write_hook is not None:
-                _mid_write_hook()
-            c.executemany(
-                "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [_request_row(run_id, i, r) for i, r in enumerate(record.requests)],
-            )
-            c.execute("INSERT INTO steps VALUES (?,?,?)",
-                      (run_id, len(record.steps), _dumps([_step_list(s) for s in record.steps])))
-            c.executemany("INSERT INTO aggregates VALUES (?,?,?)",
-                          [(run_id, k, v) for k, v in record.aggregates.items()])
+            run_id = self._insert(c, record)
         record.run_id = run_id
         return run_id
 
+    def import_runs(self, recs: list[RunRecord], where: str = "the file") -> tuple[list[int], int]:
+        """All of `recs` in one transaction (all or none), each checked first; a record whose content is
+        already stored (record_hash) is skipped. Returns (the new run ids, how many were skipped)."""
+        for i, rec in enumerate(recs, 1):
+            check_record(rec, f"{where}: record {i}")
+        ids, skipped = [], 0
+        with self._transaction() as c:
+            seen: dict[str, set[str]] = {}  # config hash -> content hashes stored (and imported so far)
+            for rec in recs:
+                if rec.config_hash not in seen:
+                    seen[rec.config_hash] = {record_hash(self.get_run(s["run_id"])) for s in
+                                             self.list_runs(config_hash=rec.config_hash)}
+                h = record_hash(rec)
+                if h in seen[rec.config_hash]:
+                    skipped += 1
+                    continue
+                seen[rec.config_hash].add(h)
+                ids.append(self._insert(c, rec))
+        return ids, skipped
+
+    def _insert(self, c: sqlite3.Connection, record: RunRecord) -> int:
+        run_id = c.execute(
+            "INSERT INTO runs (created_at, config_hash, status, error, sweep, tag, grp, decoder, model, task,"
+            " config, env, info, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (record.created_at, record.config_hash, record.status, record.error, record.sweep, record.tag,
+             record.group, *(_config_name(record.config, k) for k in ("decoder", "model", "task")),
+             _dumps(record.config), _dumps(record.env), _dumps(record.info), record.kind),
+        ).lastrowid
+        if _mid_write_hook is not None:
+            _mid_write_hook()
+        c.executemany(
+            "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [_request_row(run_id, i, r) for i, r in enumerate(record.requests)],
+        )
+        c.execute("INSERT INTO steps VALUES (?,?,?)",
+                  (run_id, len(record.steps), _dumps([_step_list(s) for s in record.steps])))
+        c.executemany("INSERT INTO aggregates VALUES (?,?,?)",
+                      [(run_id, k, v) for k, v in record.aggregates.items()])
+        return run_id
+
     # --- read -------------------------------------------------------------------------------
+
+    def damaged(self) -> dict[int, str]:
+        """Runs whose stored JSON cannot be read (a row cut short by a fault or edited by hand): run id ->
+        what is wrong. Read commands skip them (warning once); `aspire-bench check` lists them."""
+        if self._damaged is None:
+            found: dict[int, list[str]] = {}
+            for table, sql in _DAMAGE_QUERIES:
+                for run_id, what in self.conn.execute(sql):
+                    found.setdefault(run_id, []).append(f"{table} {what}")
+            self._damaged = {i: ", ".join(w) + " not valid JSON" for i, w in sorted(found.items())}
+        return self._damaged
+
+    def readable_sql(self, column: str = "run_id") -> str:
+        """An SQL condition leaving the damaged runs out, with one warning naming them."""
+        bad = self.damaged()
+        if not bad:
+            return "1"
+        if (self.path.resolve(), tuple(bad)) not in _WARNED:  # once per process, however often it is opened
+            _WARNED.add((self.path.resolve(), tuple(bad)))
+            ids = ", ".join(map(str, bad))
+            print(f"warning: skipping run{'s' if len(bad) > 1 else ''} {ids} of {self.path}: stored JSON cannot be "
+                  f"read ({next(iter(bad.values()))}); `aspire-bench check --store {self.path}` lists damaged runs",
+                  file=sys.stderr)
+        return f"{column} NOT IN ({', '.join(map(str, bad))})"
 
     def get_run(self, run_id: int) -> RunRecord:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise UserError(f"no run {run_id} in {self.path}: `aspire-bench runs --store {self.path}` lists them")
+        if run_id in self.damaged():
+            raise StoreError(f"run {run_id} in {self.path} is damaged ({self.damaged()[run_id]}): "
+                             f"`aspire-bench check --store {self.path}` lists damaged runs")
         run = dict(zip(_columns(self.conn, "runs"), row))
         requests = [
             _request_from_db(request_id, prompt_len, finish_reason, score, json.loads(data))
@@ -232,9 +309,10 @@ class Store:
             raise TypeError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
         kind = self.kind_sql()
         where = [(f"{FILTERS[k] if k != 'kind' else kind} = ?", v) for k, v in filters.items() if v is not None]
+        where.append((self.readable_sql(), None))
         sql = (f"SELECT run_id, created_at, status, error, decoder, model, task, sweep, tag, grp, config_hash,"
-               f" {kind} AS kind FROM runs" + (" WHERE " + " AND ".join(w for w, _ in where) if where else "") + " ORDER BY run_id")
-        params = [v for _, v in where]
+               f" {kind} AS kind FROM runs WHERE " + " AND ".join(w for w, _ in where) + " ORDER BY run_id")
+        params = [v for _, v in where if v is not None]
         if limit is not None:
             # The newest `limit` runs, still listed oldest first.
             sql = f"SELECT * FROM ({sql} DESC LIMIT ?) ORDER BY run_id"
@@ -261,6 +339,12 @@ class Store:
             else:
                 _write_csv(out, summaries)
         return len(summaries)
+
+
+def check_record(rec: RunRecord, where: str = "the run record") -> None:
+    problem = record_problem(rec)
+    if problem:
+        raise StoreError(f"{where} does not fit the store's schema: {problem}")
 
 
 # --- row conversions --------------------------------------------------------------------------
@@ -316,13 +400,8 @@ def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
     elif isinstance(path, (str, Path)):
         check_output_path(Path(path))
         # Written beside and renamed: a failed export never leaves a half-written file in its place.
-        tmp = Path(path).with_name(Path(path).name + ".tmp")
-        try:
-            with open(tmp, "w", newline="") as f:
-                yield f
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_open(path, "w", newline="") as f:
+            yield f
     else:
         yield path
 
@@ -333,6 +412,10 @@ def _open_out(path: str | Path | TextIO) -> Iterator[TextIO]:
 def _check_store_file(path: Path, must_exist: bool) -> None:
     if path.is_dir():
         raise StoreError(f"--store {path} is a directory: pass a file, e.g. {path / 'aspire_results.db'}")
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: SQLite would put a journal beside it
+        raise StoreError(f"--store {path} is not a regular file: pass a results store or a new file name")
+    # SQLite makes STORE-journal beside it, and a save that fails writes STORE.recovery.jsonl
+    check_name(path, "--store", companion=".recovery.jsonl")
     if not path.exists():
         if must_exist:
             raise StoreError(f"no results store at {path}: run a benchmark first or pass --store PATH")
@@ -344,6 +427,12 @@ def _check_store_file(path: Path, must_exist: bool) -> None:
     if size and _truncated(path, size):
         raise StoreError(f"{path} is truncated (shorter than its header says): restore the store from a backup "
                          "or pass another --store")
+
+
+def check_store_file(path: Path) -> None:
+    """What a store path must be before anything opens it: not a directory or a device, a name with room
+    for SQLite's companions, and an existing file a SQLite database that is not truncated."""
+    _check_store_file(path, must_exist=False)
 
 
 def _truncated(path: Path, size: int) -> bool:
@@ -385,6 +474,9 @@ def check_output_path(path: Path) -> None:
     """An output file that can be written and is not a database: never overwrite a results store."""
     if path.is_dir():
         raise StoreError(f"{path} is a directory: give a file name")
+    if path.exists() and not path.is_file():  # written by renaming a new file over it: never a device
+        raise StoreError(f"{path} is not a regular file: give a file name")
+    check_name(path, str(path))
     if not path.parent.is_dir():
         raise StoreError(f"the directory of {path} does not exist: create it first")
     if path.exists() and is_sqlite_file(path):
@@ -417,11 +509,10 @@ def save_record(store_path: str | Path, record: RunRecord) -> int:
 def write_recovery(store_path: str | Path, record: RunRecord) -> Path | None:
     """Append the record to the recovery JSONL beside the store, else in the working directory;
     returns where, or None when neither could be written."""
-    line = json.dumps(record.to_json(), default=str) + "\n"
+    line = json.dumps(record.to_json(), default=str)
     for target in (recovery_path(store_path), Path.cwd() / recovery_path(store_path).name):
         try:
-            with open(target, "a") as f:
-                f.write(line)
+            append_line(target, line)  # the whole file rewritten and renamed: never a torn record
             return target
         except OSError:
             continue

@@ -9,9 +9,10 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from aspire_bench.atomic import atomic_open
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import RUN_KINDS, RunRecord, read_jsonl
-from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path
+from aspire_bench.harness.store import DEFAULT_PATH, Store, check_output_path, check_store_file
 from aspire_bench.harness.tables import (
     COLUMNS,
     DEFAULT_COLUMNS,
@@ -43,10 +44,23 @@ REQUEST_COLUMNS = (
     ("parity", lambda r: (r.parity or {}).get("kind")),
 )
 
+def _store_from_env(ctx, param, value):
+    """A store path set by $ASPIRE_BENCH_STORE is refused naming the variable, not an option never given."""
+    from click.core import ParameterSource
+    if ctx.get_parameter_source(param.name) == ParameterSource.ENVIRONMENT:
+        try:
+            check_store_file(Path(value))
+        except UserError as e:
+            raise UserError(f"ASPIRE_BENCH_STORE={value!r}: {str(e).replace(f'--store {value} ', '')}; fix or unset "
+                            "the variable") from None
+    return value
+
+
 # The one --store of every command: a file path, ./aspire_results.db unless ASPIRE_BENCH_STORE says otherwise.
 STORE_TYPE = click.Path(dir_okay=False)
 store_option = click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, type=STORE_TYPE,
-                            envvar="ASPIRE_BENCH_STORE", help="SQLite results store (env: ASPIRE_BENCH_STORE).")
+                            envvar="ASPIRE_BENCH_STORE", callback=_store_from_env,
+                            help="SQLite results store (env: ASPIRE_BENCH_STORE).")
 
 
 def _open(path: str) -> Store:
@@ -185,17 +199,14 @@ def export(store_path, fmt, per_request, out, **filters):
             n = store.export("jsonl", out, **filters)
         else:
             frame = (request_results if per_request else results)(store, **filters)
-            # A file is written beside and renamed: a failed export never leaves a half-written file.
-            tmp = None if out == "-" else Path(out).with_name(Path(out).name + ".tmp")
             try:
-                write_frame(frame, fmt, sys.stdout if tmp is None else tmp)
-                if tmp is not None:
-                    tmp.replace(out)
+                if out == "-":
+                    write_frame(frame, fmt, sys.stdout)
+                else:  # written beside and renamed: a failed export never leaves a half-written file
+                    with atomic_open(out, "wb" if fmt == "parquet" else "w", newline="") as f:
+                        write_frame(frame, fmt, f)
             except ImportError as e:
                 raise UserError(str(e)) from None
-            finally:
-                if tmp is not None and tmp.exists():
-                    tmp.unlink()
             n = len(frame)
     if out != "-":
         click.echo(f"{n} {'requests' if per_request else 'runs'} -> {out}", err=True)
@@ -206,14 +217,52 @@ def export(store_path, fmt, per_request, out, **filters):
 @store_option
 def import_command(jsonl, store_path):
     """Add run records from JSONL (`export --format records`, or a recovery file) to a store."""
+    from aspire_bench.atomic import same_file
+    if Path(store_path).exists() and same_file(jsonl, store_path):
+        raise UserError(f"{jsonl} is the store itself: pass the JSONL file to import")
+    recs = []
     try:
-        with open(jsonl) as f:
-            recs = read_jsonl(f)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise UserError(f"{jsonl} is not a JSONL file of run records ({type(e).__name__}: {e})") from None
+        with open(jsonl, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):  # lines split at newlines only (a raw U+2028 is valid JSON)
+                try:
+                    recs += read_jsonl([line])
+                except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
+                    raise UserError(f"{jsonl}:{n} is not a run record ({type(e).__name__}: {_one_line(e)}); "
+                                    "nothing was imported") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{jsonl} is not UTF-8 text ({e.reason}); nothing was imported") from None
     with Store(store_path) as store:
-        ids = [store.save_run(r) for r in recs]
-    click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else ""))
+        try:
+            ids, skipped = store.import_runs(recs, str(jsonl))  # one transaction: all records or none
+        except UserError as e:
+            raise UserError(f"{e}; nothing was imported") from None
+    click.echo(f"imported {len(ids)} run(s) into {store_path}" + (f": ids {ids[0]}..{ids[-1]}" if ids else "")
+               + (f"; skipped {skipped} already stored" if skipped else ""))
 
 
-COMMANDS = [runs, show, export, import_command]
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
+
+
+@click.command("check")
+@store_option
+def check_command(store_path):
+    """Check a store: SQLite's own integrity check and every run's stored JSON. Lists the damaged runs
+    (which read commands skip); exit 1 when there are any."""
+    with _open(store_path) as store:
+        problems = [f"database: {row[0]}" for row in store.conn.execute("PRAGMA quick_check") if row[0] != "ok"]
+        bad = store.damaged()
+        n = store.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    for run_id, what in bad.items():
+        click.echo(f"run {run_id}: {what}")
+    for p in problems:
+        click.echo(p)
+    if bad or problems:
+        click.echo(f"{store_path}: {len(bad)} of {n} runs damaged" + (f", {len(problems)} database problem(s)"
+                   if problems else "") + "; read commands skip damaged runs (export the others with "
+                   "`aspire-bench export --format records` and import them into a new store)")
+        raise SystemExit(1)
+    click.echo(f"{store_path}: {n} runs, all readable")
+
+
+COMMANDS = [runs, show, export, import_command, check_command]

@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import sqlite3
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
         from .ray_executor import require_ray
         require_ray()  # before the store is created: a missing extra leaves nothing behind
     unsaved: list[tuple[Path | None, str]] = []
-    with Store(store_path) as store:
+    with _sweep_lock(store_path, sweep.name), Store(store_path) as store:
         done = _stored_ok(store, sweep.cells) if resume else {}
         invocation = (_last_invocation(store, sweep.name) if resume else None) or records.new_group_id()
         todo = [c for c in sweep.cells if c.index not in done]
@@ -238,6 +239,31 @@ def run_sweep(sweep: Sweep, store_path: str | Path, *, executor: str = "local", 
         raise StoreError(f"{len(unsaved)} cell(s) could not be saved to {store_path} ({why}); their records are "
                          f"kept in {where}: `aspire-bench import {where} --store STORE` adds them to a store")
     return SweepOutcome(invocation, [results[c.index] for c in sweep.cells], len(todo), len(done))
+
+
+@contextmanager
+def _sweep_lock(store_path: str | Path, name: str):
+    """One process at a time runs a sweep on a store: a second (a second --resume) waits, then finds the
+    first one's cells stored and skips them, so no cell is run or stored twice."""
+    import re
+    import sys
+
+    from ..atomic import file_lock
+    p = Path(store_path)
+    lock = p.with_name(f".{p.name[:100]}.sweep-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:80]}.lock")
+
+    def waiting():
+        print(f"waiting for another process running sweep {name} on {store_path} (lock {lock})", file=sys.stderr,
+              flush=True)
+    held = file_lock(lock, waiting)
+    try:
+        held.__enter__()
+    except OSError as e:
+        raise StoreError(f"cannot lock sweep {name} on {store_path} ({e}): check the directory's permissions") from None
+    try:
+        yield
+    finally:
+        held.__exit__(None, None, None)
 
 
 def _stored_ok(store: Store, cells: Iterable[Cell]) -> dict[int, int]:

@@ -34,7 +34,11 @@ def sweep(sweep_file, executor, resume, store_path, ray_address, dry_run, column
             click.echo(f"{cell.index:4d}  {cell.label()}  {cell.config_hash[:12]}")
         click.echo(f"{len(sw.cells)} cells in sweep {sw.name}")
         return
-    out = run_sweep(sw, store_path, executor=executor, resume=resume, ray_address=ray_address)
+    try:
+        out = run_sweep(sw, store_path, executor=executor, resume=resume, ray_address=ray_address)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the cells that finished are stored in {store_path}; `aspire-bench sweep {sweep_file} "
+                                f"--resume --store {store_path}` runs the rest") from None
     print_sweep_summary(out.records, sw.name, fmt, columns)
     info(f"sweep {sw.name}: {out.ran} cells run, {out.skipped} already stored, {len(out.failed)} failed; "
          f"invocation {out.invocation}, store {store_path}", fmt)

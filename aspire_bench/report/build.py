@@ -6,6 +6,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from aspire_bench.atomic import write_text
 from aspire_bench.errors import UserError
 from aspire_bench.harness import figures
 from aspire_bench.report import definitions, diagnostics
@@ -20,6 +21,11 @@ def write_report(store_path: str | Path, out_dir: str | Path) -> Path:
     store_path, out = Path(store_path), Path(out_dir)
     if not store_path.exists():
         raise UserError(f"no results store at {store_path}: run a benchmark first or pass --store PATH")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory: give a directory for the pages")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UserError(f"--out {out}: {blocked} is a file, not a directory: give another directory")
     runs = load_runs(store_path)
     lb = build(runs)
     now = datetime.now(timezone.utc)
@@ -51,7 +57,4 @@ def _doc(name: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    # Write then rename: a browser (or CI upload) never sees a half-written page.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, text)  # written beside and renamed: a browser never sees a half-written page

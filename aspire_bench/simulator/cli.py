@@ -7,8 +7,10 @@ import click
 from rich.table import Table
 
 from ..cli_types import (
+    REQUESTS,
     SEED,
     TokenCount,
+    csv_batch_sizes,
     csv_list,
     csv_positive_ints,
     examples,
@@ -35,7 +37,7 @@ def _contexts(ctx, param, value):
 
 
 def _batches(ctx, param, value):
-    return None if value is None else csv_positive_ints(ctx, param, value)
+    return None if value is None else csv_batch_sizes(ctx, param, value)
 
 
 @click.command("simulate", epilog=examples(
@@ -72,7 +74,7 @@ def _batches(ctx, param, value):
 @click.option("--alpha-from-runs", default=None, callback=lambda c, p, v: csv_positive_ints(c, p, v) if v else None,
               help="Parametric mode: acceptance measured by these stored runs (comma-separated ids in --store): per "
                    "draft kind, the per-token alpha that best explains each run's verifications, by its context.")
-@click.option("--requests", "n_requests", default=None, type=click.IntRange(min=1),
+@click.option("--requests", "n_requests", default=None, type=REQUESTS,
               help="Parametric mode: requests per cell (default 4 x batch).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=2),
               help="Parametric mode: output tokens per request.")

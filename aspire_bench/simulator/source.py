@@ -7,7 +7,6 @@ roofline is asked for. A parametric setting gives the same from flags.
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -47,11 +46,12 @@ def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
 
 
 def calibration_file(path: str) -> CostModel:
-    from ..decoders.calibration import cost_model_from
+    from ..decoders.calibration import cost_model_from, read_calibration
     p = Path(path)
+    data = read_calibration(p, "--calibration")
     try:
-        return cost_model_from(json.loads(p.read_text()), f"calibration:{p.name}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        return cost_model_from(data, f"calibration:{p.name}")
+    except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"--calibration {path} is not a calibration ({e}): run `aspire-bench calibrate --out "
                         f"{path}`") from None
 

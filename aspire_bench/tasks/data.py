@@ -56,7 +56,7 @@ def _read_json(path: Path) -> list[dict]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:  # JSON lines (also when named .json)
-        obj = [json.loads(line) for line in text.splitlines() if line.strip()]
+        obj = [json.loads(line) for line in text.split("\n") if line.strip()]  # not splitlines (U+2028)
     if isinstance(obj, dict):  # {"train": [...]}, {"data": [...]} or a single row
         obj = next((v for v in obj.values() if isinstance(v, list)), [obj])
     if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from aspire_bench import corpus
+from aspire_bench.atomic import atomic_open, write_text
+from aspire_bench.errors import UserError
 
 EOS = "<|endoftext|>"
 HELDOUT_EVAL_TOKENS = 16_384  # tokens of the held-out stream scored by `heldout_loss` at each context
@@ -262,9 +264,23 @@ CURVE = "curve.jsonl"  # one line per evaluation: tokens seen, train loss, held-
 
 def save_checkpoint(path: Path, state: dict) -> None:
     """Written to a temporary file and renamed: a run killed mid-write keeps its previous checkpoint."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
+
+
+def load_checkpoint(path: Path, settings: TrainSettings, seed: int) -> dict | None:
+    """The checkpoint to resume from (None when there is none), refused before any work when it was
+    written with other settings or seed."""
+    if not path.exists():
+        return None
+    try:
+        ck = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file: say which and what to do
+        raise UserError(f"{path} cannot be read ({type(e).__name__}): delete it to start afresh") from None
+    if not isinstance(ck, dict) or ck.get("settings") != asdict(settings) or ck.get("seed") != seed:
+        raise UserError(f"{path} was written with other settings or seed: resume with the same arguments, "
+                        "or delete it to start afresh")
+    return ck
 
 
 def seed_everything(seed: int) -> None:
@@ -308,19 +324,27 @@ def train_tiny(
     `tokenizer_from` starts a new model with another checkpoint's tokenizer instead of training one,
     so that held-out losses (nats per token) compare across shapes.
     """
+    s = settings or TrainSettings()
+    s.max_steps = max_steps
+    if max_steps < 1 or threads < 1 or (minutes is not None and not 0 < minutes < math.inf):
+        raise UserError("train-tiny needs steps >= 1, threads >= 1 and minutes > 0")
+    if checkpoint_every and minutes is not None:
+        raise UserError("checkpoints need a step-count schedule: pass --steps, not --minutes")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file: give a directory for the checkpoint")
+    if device != "cpu":
+        s.tokens_per_step *= 8  # a GPU has room for a bigger batch at the same step count
+    ckpt_path, curve_path = out_dir / CHECKPOINT, out_dir / CURVE
+    ck = load_checkpoint(ckpt_path, s, seed) if checkpoint_every else None  # before any work
     import transformers
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
-    s = settings or TrainSettings()
-    s.max_steps = max_steps
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     if device == "cpu":
         # Few threads: the machine is shared, and under load every extra thread waits at each op's barrier.
         torch.set_num_threads(threads)
-    else:
-        s.tokens_per_step *= 8  # a GPU has room for a bigger batch at the same step count
     t0 = time.time()
 
     files = corpus.training_files(corpus_name) if files is None else files
@@ -356,14 +380,7 @@ def train_tiny(
     budget_s = None if minutes is None else minutes * 60 - (t_train - t0) - 180
     progress = Progress(s.max_steps, budget_s)
     step, long_from = 0, None
-    ckpt_path, curve_path = out_dir / CHECKPOINT, out_dir / CURVE
-    if checkpoint_every and minutes is not None:
-        raise ValueError("checkpoints need a step-count schedule: pass --steps, not --minutes")
-    if checkpoint_every and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck["settings"] != asdict(s) or ck["seed"] != seed:
-            raise ValueError(f"{ckpt_path} was written with other settings or seed: "
-                             "resume with the same arguments, or delete it to start afresh")
+    if ck is not None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         batches.rng.bit_generator.state = ck["data_rng"]
@@ -446,15 +463,49 @@ def train_tiny(
     model.to(torch.bfloat16).save_pretrained(out_dir)
     record["wall_s"] = round(time.time() - t0, 1)
     if curve_path.exists():
-        record["curve"] = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
-    (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+        record["curve"] = [json.loads(line) for line in curve_path.read_text().split("\n") if line.strip()]
+    write_text(out_dir / "training.json", json.dumps(record, indent=2) + "\n")
     ckpt_path.unlink(missing_ok=True)  # the run is complete: the checkpoint's job is done
     print(json.dumps(record, indent=2), flush=True)
     return record
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as every aspire-bench command gives them: one line, exit status 2."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+# What --quick sets itself: giving one of these with it is refused, not silently overridden.
+QUICK_OVERRIDES = ("steps", "minutes", "lr", "warmup_steps", "long_fraction", "long_lens", "checkpoint_every",
+                   "corpus", "eval_every", "eval_contexts", "hidden_size", "intermediate_size", "init_from",
+                   "tokenizer_from")
+
+
+def _given(ap: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The options named on the command line (a default left alone is not given)."""
+    saved = [(a, a.default) for a in ap._actions]
+    for a, _ in saved:
+        a.default = argparse.SUPPRESS
+    try:
+        return set(vars(ap.parse_args(argv)))
+    finally:
+        for a, d in saved:
+            a.default = d
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="aspire-bench train-tiny", description=__doc__.split("\n")[0])
+    try:
+        return _main(argv)
+    except UserError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = _Parser(prog="aspire-bench train-tiny", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="checkpoint directory to write")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--steps", type=int, default=TrainSettings.max_steps)
@@ -487,6 +538,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="start a new model with this checkpoint's tokenizer instead of training one "
                          "(held-out losses then compare with that checkpoint's)")
     args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.quick:
+        given = sorted(_given(ap, argv) & set(QUICK_OVERRIDES))
+        if given:
+            ap.error(f"--quick sets its own {', '.join('--' + g.replace('_', '-') for g in given)}: drop "
+                     f"{'them' if len(given) > 1 else 'it'}, or drop --quick")
+    for name, ok, rule in (("steps", args.steps >= 1, "an integer >= 1"), ("threads", args.threads >= 1, "an integer >= 1"),
+                           ("seed", args.seed >= 0, "an integer >= 0"),
+                           ("minutes", args.minutes is None or 0 < args.minutes < math.inf, "a positive number"),
+                           ("lr", 0 < args.lr < math.inf, "a positive number"),
+                           ("long_fraction", 0 <= args.long_fraction <= 1, "a number in 0..1"),
+                           ("warmup_steps", args.warmup_steps >= 0, "an integer >= 0")):
+        if not ok:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be {rule}")
     shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size))
              if v is not None}
     if any(v <= 0 for v in shape.values()):
@@ -511,12 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--long-lens entries must be positive; --checkpoint-every and --eval-every at least 0")
     if args.checkpoint_every and args.minutes is not None:
         ap.error("--checkpoint-every needs a step-count schedule (--steps): a wall-clock budget cannot resume")
-    argv = sys.argv[1:] if argv is None else argv
     command = "python -m aspire_bench.tinymodel.train " + shlex.join(argv)
     if args.quick:
         settings = TrainSettings(short_len=256, long_lens=(512,), tokens_per_step=2048,
                                  warmup_steps=5, model={"num_hidden_layers": 2})
-        train_tiny(args.out, device=args.device, max_steps=30, seed=args.seed, settings=settings,
+        train_tiny(args.out, device=args.device, max_steps=30, seed=args.seed, threads=args.threads, settings=settings,
                    files=corpus.list_files("train")[:40], eval_tokens=2048, command=command)
     else:
         settings = TrainSettings(lr=args.lr, warmup_steps=args.warmup_steps, long_fraction=args.long_fraction,

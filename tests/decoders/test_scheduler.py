@@ -283,18 +283,17 @@ def test_auto_calibration_is_measured_once_stored_and_replayed(engine):
 
 
 def test_poor_calibration_is_rejected_with_a_warning(engine, tmp_path):
-    bad = tmp_path / "bad.json"
+    from aspire_bench.errors import ConfigError
+    bad = tmp_path / "bad.json"  # a negative coefficient is a malformed file: refused when the decoder is built
     bad.write_text(json.dumps({"beta0": 1e-3, "beta_tok": -1e-4, "beta_attn": 1e-8, "r2": 0.99}))
-    with pytest.warns(UserWarning, match="rejected.*negative"):
-        out = get_decoder("aspire", calibration=str(bad), **SPARSE).generate(engine, requests(n=1), SamplingParams(), 1)
-    assert out.info["cost_model"]["source"].startswith("default (rejected bad.json")
+    with pytest.raises(ConfigError, match="beta_tok must be a finite number >= 0"):
+        get_decoder("aspire", calibration=str(bad), **SPARSE)
     noisy = tmp_path / "noisy.json"
     noisy.write_text(json.dumps({"beta0": 1e-3, "beta_tok": 1e-4, "beta_attn": 1e-8, "r2": -0.11}))
     with pytest.warns(UserWarning, match="R\\^2"):
         get_decoder("aspire", calibration=str(noisy), **SPARSE).generate(engine, requests(n=1), SamplingParams(), 1)
     garbage = tmp_path / "garbage.json"
     garbage.write_text("[1, 2")
-    from aspire_bench.errors import ConfigError
     with pytest.raises(ConfigError, match="not a calibration"):
         get_decoder("aspire", calibration=str(garbage)).generate(engine, requests(n=1), SamplingParams(), 1)
 

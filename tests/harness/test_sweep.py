@@ -64,7 +64,8 @@ def test_expansion_counts_order_and_groups():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"decoders": ["ar", "ar"]}, "same cell twice"),
+    ({"decoders": ["ar", "ar"]}, "decoders: 'ar' is listed twice"),
+    ({"decoders": ["ar", {"name": "ar", "args": {}}]}, "same cell twice"),
     ({"contexts": ["1k"], "batch_size": [2]}, "batch_size: unknown key"),
     ({"decoders": ["nope"]}, "unknown decoder 'nope'"),
     ({"tasks": ["nope"]}, "unknown task 'nope'"),

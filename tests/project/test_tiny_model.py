@@ -155,7 +155,8 @@ def test_resume_refuses_other_settings(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train_tiny(tmp_path, max_steps=4, settings=_small_settings(), files=files, eval_tokens=0,
                    checkpoint_every=2)
-    with pytest.raises(ValueError, match="other settings or seed"):
+    from aspire_bench.errors import UserError
+    with pytest.raises(UserError, match="other settings or seed"):
         train_tiny(tmp_path, max_steps=4, settings=_small_settings(), files=files, eval_tokens=0,
                    checkpoint_every=2, seed=1)
 
