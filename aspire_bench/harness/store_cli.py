@@ -244,7 +244,7 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())[:200]
 
 
-@click.command("check")
+@click.command("check", epilog=examples("aspire-bench check", "aspire-bench check --store results.db"))
 @store_option
 def check_command(store_path):
     """Check a store: SQLite's own integrity check and every run's stored JSON. Lists the damaged runs
