@@ -16,7 +16,7 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
-paying a C-token prefill per row. bench/step_costs.py is the command-line front end.
+paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end.
 """
 from __future__ import annotations
 

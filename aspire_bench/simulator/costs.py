@@ -187,7 +187,7 @@ def profile_for(device_name: str | None) -> str | None:
 
 
 def predicted_step_ms(roofline: Roofline, cell: dict) -> dict:
-    """The roofline's time of each step kind of a bench/step_costs.py cell (batch rows of one kind)."""
+    """The roofline's time of each step kind of a benchmarks/step_costs.py cell (batch rows of one kind)."""
     batch, gamma = cell["batch"], cell["gamma"]
     out = {}
     for kind, kv in cell.get("kv_positions_per_row", {}).items():

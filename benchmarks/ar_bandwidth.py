@@ -37,7 +37,7 @@ What it does, per (context C, batch B) cell:
   multi-threaded steps many times slower and erratic; use `--threads 1`, or start the script
   with OMP_WAIT_POLICY=PASSIVE in the environment (it must be set before the process starts).
 
-Usage: python bench/ar_bandwidth.py --contexts 4096,16384,32768 --batches 1,8 --steps 8 \
+Usage: python -m benchmarks.ar_bandwidth --contexts 4096,16384,32768 --batches 1,8 --steps 8 \
            --repeats 5 --threads 1 --json ar_bandwidth.json
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The simulator against measurement: every measured run of a store replayed with its own trace.
 
-    python bench/validate_simulator.py --store bench/results/cpu_tiny_method_2026-11-30.db
-    python bench/validate_simulator.py --store S --calibration C.json --json out.json
-    python bench/validate_simulator.py --store S --steps
-    python bench/validate_simulator.py --store S --without beta_capture
+    python -m benchmarks.validate_simulator --store benchmarks/results/cpu_tiny_method_2026-11-30.db
+    python -m benchmarks.validate_simulator --store S --calibration C.json --json out.json
+    python -m benchmarks.validate_simulator --store S --steps
+    python -m benchmarks.validate_simulator --store S --without beta_capture
 
 Per run (decoder, context, batch, sampling): measured and simulated decode tok/s and their error,
 and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
@@ -27,8 +27,6 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aspire_bench.decoders.scheduler import EXTRA_TERMS, fit_cost_model
 from aspire_bench.errors import UserError

@@ -1,14 +1,14 @@
 """Decoders side by side on one CUDA GPU with the Triton backend (one run, < 10 minutes on an H200).
 
-    python bench/gpu_decoders.py --out gpu_decoders            # writes gpu_decoders/*.json
-    python bench/gpu_decoders.py --out o --quick               # 16k only, 2 repeats
-    python bench/gpu_decoders.py --out o --dry-run             # the same code on the CPU at 1k (tests)
+    python -m benchmarks.gpu_decoders --out gpu_decoders            # writes gpu_decoders/*.json
+    python -m benchmarks.gpu_decoders --out o --quick               # 16k only, 2 repeats
+    python -m benchmarks.gpu_decoders --out o --dry-run             # the same code on the CPU at 1k (tests)
 
 1. The bundled tiny model (fp32, Triton attention), `aspire-bench bench` exactly as on the CPU:
    ar, magicdec, vegas, aspire on code-completion, batch 8, 128 new tokens, 16k and 32k contexts,
    greedy (parity against AR, token for token) and the paper's sampling (0.7 / 50 / 0.9), 3 repeats.
    Results also go to a SQLite store (`<out>/gpu_decoders.db`) that `aspire-bench report` can publish.
-2. A random-init model of Qwen3-1.7B's shape (bf16, Triton) through `bench/step_costs.py`: the time of
+2. A random-init model of Qwen3-1.7B's shape (bf16, Triton) through `benchmarks/step_costs.py`: the time of
    an AR step, an ASPIRE draft step (7% pages + refresh layer), a MagicDec window draft step and a
    verify step at batch 8, 16k and 32k, i.e. the draft/verify cost ratios c and v. Random weights
    say nothing about acceptance (drafts of a random model are accepted by chance only), so this part
@@ -31,9 +31,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 
@@ -69,7 +66,7 @@ def part_tiny(out: Path, contexts, repeat: int, new_tokens: int, deadline: float
 
 def part_shape(out: Path, shape: str, contexts, repeats: int, deadline: float, dtype: str, device: str,
                backend: str) -> list[dict]:
-    import step_costs
+    from benchmarks import step_costs
     engine = step_costs.make_engine(shape, dtype, device, backend, seed=0)
     results = []
     for C in contexts:
@@ -146,7 +143,7 @@ def main(argv=None) -> int:
         new_tokens = 128
         shape, shape_dtype, shape_contexts = "qwen3-1.7b", "bfloat16", [16384] if a.quick else [16384, 32768]
     if device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: this script measures the Triton backend on a GPU (see bench/step_costs.py "
+        print("no CUDA device: this script measures the Triton backend on a GPU (see benchmarks/step_costs.py "
               "and `aspire-bench bench` for the CPU)")
         return 1
     t0 = time.time()
@@ -160,7 +157,7 @@ def main(argv=None) -> int:
     try:
         part_tiny(a.out, contexts, repeat, new_tokens, tiny_deadline, device, backend, 4 if a.dry_run else None)
         status["bench"] = "ok"
-    except Exception as e:  # record and go on: part 2 does not depend on part 1
+    except Exception as e:  # noqa: BLE001 -- record and go on: part 2 does not depend on part 1
         status["bench"] = f"failed: {type(e).__name__}: {e}"
         print(status["bench"], flush=True)
     shape_results = []
@@ -168,13 +165,13 @@ def main(argv=None) -> int:
         shape_results = part_shape(a.out, shape, shape_contexts, 3 if a.dry_run else 10, t0 + a.budget_s,
                                    shape_dtype, device, backend)
         status["step_costs"] = "ok"
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- recorded in device.json; the next part still runs
         status["step_costs"] = f"failed: {type(e).__name__}: {e}"
         print(status["step_costs"], flush=True)
     try:  # seconds of CPU: runs after the budget too
         part_simulator(a.out, info.get("gpu"), shape, shape_dtype, shape_results, a.dry_run)
         status["simulator"] = "ok"
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- recorded in device.json; the next part still runs
         status["simulator"] = f"failed: {type(e).__name__}: {e}"
         print(status["simulator"], flush=True)
     info.update(status=status, wall_s=round(time.time() - t0, 1))

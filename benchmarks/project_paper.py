@@ -1,6 +1,6 @@
 """Project the ASPIRE paper's setting with the simulator, side by side with its published speedups.
 
-    python bench/project_paper.py --json out.json [--store projected.db] [--hardware h100-nvl]
+    python -m benchmarks.project_paper --json out.json [--store projected.db] [--hardware h100-nvl]
 
 Qwen3-1.7B and Qwen3-8B shapes (bf16) on a roofline of the paper's GPU, at the paper's three
 long-context buckets (17k, 35k, 90k tokens) and batch 8, 16, 32, 64; ar, magicdec, vegas, aspire at
@@ -15,8 +15,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aspire_bench.simulator import paper
 from aspire_bench.simulator.costs import Hardware, ModelShape, Roofline

@@ -1,6 +1,6 @@
 """Measure this machine's roofline profile for the simulator (`simulate --hardware FILE`).
 
-    python bench/measure_hardware.py --out profile.json [--threads 2]
+    python -m benchmarks.measure_hardware --out profile.json [--threads 2]
 
 - memory_bw_gbs: a full read (`sum`) of a 512 MiB fp32 tensor.
 - tflops.float32 / bfloat16: a 2048 x 2048 matrix product.
@@ -19,8 +19,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -71,7 +69,7 @@ def main(argv=None) -> int:
                "tflops": {"float32": matmul_tflops(torch.float32), "bfloat16": matmul_tflops(torch.bfloat16)},
                "bw_efficiency": 1.0, "flops_efficiency": 1.0}
     profile["step_overhead_us"] = step_overhead_us(profile)
-    profile["_source"] = (f"bench/measure_hardware.py on {datetime.date.today().isoformat()}, load average "
+    profile["_source"] = (f"benchmarks/measure_hardware.py on {datetime.date.today().isoformat()}, load average "
                           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine reads lower)")
     a.out.write_text(json.dumps(profile, indent=1) + "\n")
     print(json.dumps(profile, indent=1))

@@ -1,7 +1,7 @@
 """GPU check and micro-benchmark of the Triton kernels (one run, < 10 minutes on one GPU).
 
-    python bench/gpu_kernels.py --out gpu_kernels.json            # Qwen3-8B attention shape, bf16
-    python bench/gpu_kernels.py --hq 16 --hkv 8 --quick --out q.json
+    python -m benchmarks.gpu_kernels --out gpu_kernels.json            # Qwen3-8B attention shape, bf16
+    python -m benchmarks.gpu_kernels --hq 16 --hkv 8 --quick --out q.json
 
 1. correctness: TritonAttention against TorchAttention on the GPU (fp32/fp16/bf16, GQA 1/4/8, decode
    and 17-query verify rows, full and sparse views, split-K on and off, captures of both reductions,
@@ -24,8 +24,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -60,7 +58,7 @@ def main() -> int:
         args.hq, args.hkv, args.head_dim, args.dtype = 8, 2, 32, "fp32"
         small = 50
     elif not torch.cuda.is_available():
-        print("bench/gpu_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False here). "
+        print("benchmarks/gpu_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False here). "
               "The kernels are tested on CPU by tests/kernels/test_kernels.py under TRITON_INTERPRET=1.",
               file=sys.stderr)
         return 2

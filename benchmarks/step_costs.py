@@ -29,8 +29,8 @@ The measuring itself lives in aspire_bench/harness/step_costs.py (`aspire-bench 
 the bound column); this script adds the attention / matmul split and the tables.
 
 Usage:
-  python bench/step_costs.py --shape tiny --contexts 16384,32768 --batch 8 --threads 2
-  python bench/step_costs.py --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
+  python -m benchmarks.step_costs --shape tiny --contexts 16384,32768 --batch 8 --threads 2
+  python -m benchmarks.step_costs --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -43,15 +43,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ar_bandwidth import TimedBackend, Timers, timed_functional
-
 from aspire_bench.engine import Engine, load_model
 from aspire_bench.engine import dense as dense_module
 from aspire_bench.engine import model as model_module
 from aspire_bench.engine.loading import random_model
 from aspire_bench.harness.step_costs import KINDS, Cell, best_speedup, measure_cell, timed  # noqa: F401
 from aspire_bench.tinymodel import TINY_DIR
+from benchmarks.ar_bandwidth import TimedBackend, Timers, timed_functional
 
 SHAPES = {
     "tiny": json.loads((TINY_DIR / "config.json").read_text()),  # the bundled model's shape
