@@ -67,7 +67,7 @@ from aspire_bench.engine import model as model_module
 from aspire_bench.harness.records import cpu_model
 
 GiB = 1 << 30
-GOAL_FRACTION = 0.5  # issue 2: full-attention decode at >= 50% of the measured read bandwidth
+GOAL_FRACTION = 0.5  # the target: full-attention decode at >= 50% of the measured read bandwidth
 
 TINY_SHAPE = {
     "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 16,

@@ -39,7 +39,7 @@ def onednn_available() -> bool:
 class Proj:
     """y = x @ W^T (+ b), optionally added to a residual in the same call.
 
-    oneDNN's call costs ~8 us more than MKL's sgemm, which its faster kernel only repays on larger
+    oneDNN's call has a larger fixed cost than MKL's sgemm, which its faster kernel only repays on larger
     products: below _SMALL multiply-adds a matrix small enough to keep a plain copy goes to F.linear."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, packed: bool):

@@ -104,7 +104,7 @@ def timed(fn, repeats: int, sync) -> float:
 def timed_interleaved(fns: dict, repeats: int, sync) -> dict:
     """Median wall seconds of each fn over repeats. The kinds take turns (one round of each per repeat),
     so a drift in the machine's speed during the measurement (on a shared VM, memory bandwidth moves
-    by 10-30% within minutes) shifts every kind alike and the ratios between kinds stay put. Each
+    within minutes) shifts every kind alike and the ratios between kinds stay put. Each
     timed call follows an untimed call of the same kind: the caches hold what a run of such steps
     leaves there (a decoder's draft steps come in runs), not what the previous kind left."""
     ts = {key: [] for key in fns}

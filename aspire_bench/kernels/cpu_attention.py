@@ -43,8 +43,8 @@ _WHAT, _HINT = "the CPU attention kernel", "use --attention-backend torch"
 def vector_width_for(info: dict[str, str]) -> int:
     """Floats per SIMD vector for the kernel on the CPU that /proc/cpuinfo's fields `info` describe: 16
     where the cores have AVX-512, except AMD's Zen 4 (family 25 with AVX-512), which runs each 512-bit
-    operation as two 256-bit halves: there vectors of 8 verify 2-7 tokens 8-34% faster, draft and decode
-    rows alike (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
+    operation as two 256-bit halves: there vectors of 8 verify several tokens faster, and draft and
+    decode rows take as long either way (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
     if "avx512f" not in cpu_build.cpu_flags(info):
         return 8
     zen4 = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
@@ -91,7 +91,7 @@ def load_library() -> ctypes.CDLL:
 
 
 def _int64(values) -> torch.Tensor:
-    # through numpy: torch.tensor of a nested list costs ~20 us, several times per forward
+    # through numpy: torch.tensor of a nested list is slow, and this runs several times per forward
     return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
