@@ -1,44 +1,13 @@
-"""AR decode throughput and achieved memory bandwidth on CPU, against the machine's measured read bandwidth.
+"""AR decode tok/s and achieved memory bandwidth on a CPU, against the machine's measured read rate.
 
-What it does, per (context C, batch B) cell:
+    python -m benchmarks.ar_bandwidth --contexts 4096,16384,32768 --batches 1,8 --steps 8 --repeats 5 --threads 1
 
-* Model: a random-init Qwen3 of the bundled tiny model's shape (16 layers, hidden 128, 4 query /
-  2 KV heads, head dim 32, vocab 4096, intermediate 384, tied embeddings, fp32), written with
-  transformers' `Qwen3ForCausalLM(...).save_pretrained` and loaded through
-  `Engine.from_pretrained(..., attention_backend=--backend)`, i.e. the real loading path.
-* KV: B slots of C positions. By default (`--kv-fill random`) the KV pool is filled once with
-  random values and each slot's length set to C; a decode step's work does not depend on the KV
-  values, so this times exactly what a decode step after a real prefill does, without paying a
-  32k-token prefill per row. `--kv-fill prefill` instead prefills one slot through
-  `engine.forward` in chunks (as the decoders do) and copies its KV into the other slots.
-* Decode: the AR policy's step through the decoder loop itself, `loop.run_step` (one `engine.forward`
-  with one 1-token row per request, full attention, greedy sampling, commit), `--steps` timed steps after `--warmup` untimed ones; after
-  each repeat the slots are rolled back to C so every repeat attends over the same context.
-* Each repeat runs three variants back to back (interleaved, so load from other processes hits
-  them alike):
-    clean         plain steps -> tokens/s and achieved bandwidth (the headline figures);
-    instrumented  the backend's `attend` and the model's `F.linear` calls wrapped with
-                  perf_counter -> time per step in attention, in matmuls (QKV, O, gate/up, down,
-                  lm_head) and the rest (norms, RoPE, KV writes, embedding, sampling, Python);
-    stub          `attend` replaced by a stub returning zeros -> step time without attention,
-                  a cross-check of the wrapper's attention time (clean - stub).
-  Figures are medians over repeats of each repeat's median step time.
-* Bytes per step = weights read (`Transformer.weight_bytes()`: all layer weights, final norm,
-  lm_head; embedding rows excluded) + KV read (B rows x attended positions x 2 x layers x KV heads
-  x head dim x 4 B). Achieved bandwidth = bytes per step / step time. The attention-only figure is
-  KV bytes / time inside `attend`.
-* Machine read bandwidth: `torch.sum` over a 1 GiB fp32 tensor (larger than the L3 cache),
-  median of repeats, same torch thread count as the decode; also reported: a copy (read + write,
-  counted as 2x bytes) and a sum over a 64 MiB tensor (cache-resident on large-L3 CPUs). Since
-  other processes may share the machine, the 1 GiB sum is measured again in every repeat of every
-  cell, and each cell's fraction of read bandwidth uses the median of its own measurements.
-* Threads: `--threads N` sets torch's thread count (default: torch's own, one per CPU). On a
-  machine shared with other busy processes, OpenMP threads that spin-wait at barriers make
-  multi-threaded steps many times slower and erratic; use `--threads 1`, or start the script
-  with OMP_WAIT_POLICY=PASSIVE in the environment (it must be set before the process starts).
-
-Usage: python -m benchmarks.ar_bandwidth --contexts 4096,16384,32768 --batches 1,8 --steps 8 \
-           --repeats 5 --threads 1 --json ar_bandwidth.json
+Per (context, batch) cell: a random-init model of the bundled shape, its KV pool filled with random
+values (a step's work does not depend on them; `--kv-fill prefill` prefills instead), and the AR
+policy's step through the decoder loop. Each repeat runs the step clean (tok/s, bytes read / step
+time), instrumented (time in attention, in matmuls, the rest) and with attention stubbed out (a
+cross-check), back to back so load from other processes hits them alike. The read rate is a
+`torch.sum` over 1 GiB, measured again in every repeat. On a shared machine use `--threads 1`.
 """
 from __future__ import annotations
 

@@ -1,27 +1,13 @@
-"""Decoders side by side on one CUDA GPU with the Triton backend (one run, < 10 minutes on an H200).
+"""Decoders side by side on one CUDA GPU with the Triton backend, within 10 minutes on one GPU: new
+cells start only within the 480 s `--budget-s`, and the last cell and the simulation add a minute or two.
 
-    python -m benchmarks.gpu_decoders --out gpu_decoders            # writes gpu_decoders/*.json
-    python -m benchmarks.gpu_decoders --out o --quick               # 16k only, 2 repeats
-    python -m benchmarks.gpu_decoders --out o --dry-run             # the same code on the CPU at 1k (tests)
+    python -m benchmarks.gpu_decoders --out gpu_decoders      # writes gpu_decoders/*.json and a store
+    python -m benchmarks.gpu_decoders --out o --dry-run       # the same code on the CPU at 1k (tests)
 
-1. The bundled tiny model (fp32, Triton attention), `aspire-bench bench` exactly as on the CPU:
-   ar, magicdec, vegas, aspire on code-completion, batch 8, 128 new tokens, 16k and 32k contexts,
-   greedy (parity against AR, token for token) and the paper's sampling (0.7 / 50 / 0.9), 3 repeats.
-   Results also go to a SQLite store (`<out>/gpu_decoders.db`) that `aspire-bench report` can publish.
-2. A random-init model of Qwen3-1.7B's shape (bf16, Triton) through `benchmarks/step_costs.py`: the time of
-   an AR step, an ASPIRE draft step (7% pages + refresh layer), a MagicDec window draft step and a
-   verify step at batch 8, 16k and 32k, i.e. the draft/verify cost ratios c and v. Random weights
-   say nothing about acceptance (drafts of a random model are accepted by chance only), so this part
-   reports costs and the speedup those costs allow at given acceptances, never a measured speedup.
-
-3. What the simulator predicts for this device (`<out>/simulator_predictions.json`), so the first GPU
-   run validates the roofline profile: each part-1 run replayed with its own trace through the
-   roofline of the device's bundled profile (h100, h100-nvl, h200, a100; the measured CPU profile in
-   --dry-run) and through the calibration its group used, beside the measured decode tok/s; and the
-   roofline's time of each part-2 step kind beside the measured one.
-
-Each part stops starting new cells when `--budget-s` is spent, and everything measured so far is
-written. Exits with a message when there is no CUDA device.
+1. `aspire-bench bench` on the bundled model (fp32): ar, magicdec, vegas, aspire at 16k and 32k, batch
+   8, greedy and the paper's sampling. 2. `step_costs` on a random-init Qwen3-1.7B shape (bf16): costs
+   only, never a speedup. 3. The simulator's prediction for the device beside the measurements. Each
+   part stops starting cells when `--budget-s` is spent; everything measured so far is written.
 """
 from __future__ import annotations
 

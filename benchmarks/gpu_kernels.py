@@ -1,18 +1,12 @@
-"""GPU check and micro-benchmark of the Triton kernels (one run, < 10 minutes on one GPU).
+"""GPU check and micro-benchmark of the Triton kernels, within 10 minutes on one GPU at the default
+sizes: sweep cells start only within the 540 s `--budget-s`, and the checks take seconds.
 
     python -m benchmarks.gpu_kernels --out gpu_kernels.json            # Qwen3-8B attention shape, bf16
-    python -m benchmarks.gpu_kernels --hq 16 --hkv 8 --quick --out q.json
+    python -m benchmarks.gpu_kernels --cpu-smoke --out /tmp/smoke.json # the same code on the CPU (tests)
 
-1. correctness: TritonAttention against TorchAttention on the GPU (fp32/fp16/bf16, GQA 1/4/8, decode
-   and 17-query verify rows, full and sparse views, split-K on and off, captures of both reductions,
-   a prefill chunk through flash-attn/SDPA, and a pool past 2^31 elements to exercise int64 offsets);
-2. device-to-device copy bandwidth (the roofline for streaming K/V);
-3. attention bandwidth: K/V bytes the rows must read / kernel time, at 16k/32k/100k contexts, batch
-   8/16/32, full and 7% page views, 1 and 9 query rows (per layer; plan built once per forward);
-4. score cost: the capture pass (ASPIRE page scores of 2 queries per row) relative to the same layer's
-   attention, i.e. to the refresh layer's full decode step;
-5. tuning: the attention kernel's key block / warps / pipeline stages on three cells (--no-tune skips).
-Prints a table and writes everything as JSON (--out). Exits with a message when there is no CUDA.
+Correctness against the torch backend (dtypes, GQA, decode and verify rows, sparse views, split-K,
+captures, prefill, int64 offsets); copy bandwidth; attention bandwidth at 16k-100k, batch 8-32;
+the capture pass's cost; the kernel's block/warps/stages tuning (--no-tune skips). Writes JSON.
 """
 from __future__ import annotations
 

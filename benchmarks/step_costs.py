@@ -1,36 +1,13 @@
-"""Per-step costs of each kind of decoder row, and what they allow: the "why" behind a speedup.
+"""Per-step cost of each kind of decoder row on the real engine, and the speedup those costs allow.
 
-A speculative decoder's throughput over AR is bounded by its step costs relative to an AR step:
+    python -m benchmarks.step_costs --shape tiny --contexts 16384,32768 --batch 8 --threads 2
+    python -m benchmarks.step_costs --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
 
-    speedup = E[tokens per cycle] / (gamma * c + v(gamma)),   E = (1 - a^(gamma+1)) / (1 - a)
-
-with c = draft step / AR step, v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
-1-token verify is an AR step) and a the per-token acceptance. This script measures c and v(1..G) on
-the real engine at batch B and context C (one forward over B rows of each kind), splits each step
-into attention, matmuls (`F.linear`, the fused path's projections, or the compiled path's kernel calls,
-which also do its norms, RoPE and KV writes) and the rest (norms, RoPE, KV writes, metadata, Python) on the
-CPU, and prints the best speedup the measured costs allow for a range of acceptances. On a GPU v is
-close to 1 (verify reads the same KV as an AR step); on a CPU the extra queries cost compute, and v
-grows with gamma.
-
-Rows timed (all B rows of one kind per forward, as the decoders batch them):
-  weights  1 token at position 0: no KV read, the per-step floor (weights + overhead)
-  ar       1 token, full attention over C positions
-  aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
-           refresh layer (num_layers - 2), which attends fully and returns page scores
-  window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
-  vegas    1 token, a Vegas-sized token view (5% of C, at least 256 positions, scattered), with --vegas
-  verify   G + 1 tokens, full attention, logits for all of them (also timed at 2..G tokens for v)
-
-KV values do not change the work of a step, so the pool is filled with random values instead of
-paying a C-token prefill per row; the model is random-init of the given shape (or a checkpoint).
-
-The measuring itself lives in aspire_bench/harness/step_costs.py (`aspire-bench bench` uses it for
-the bound column); this script adds the attention / matmul split and the tables.
-
-Usage:
-  python -m benchmarks.step_costs --shape tiny --contexts 16384,32768 --batch 8 --threads 2
-  python -m benchmarks.step_costs --shape qwen3-1.7b --device cuda --backend triton --dtype bfloat16
+Rows (B of one kind per forward): `weights` (no KV), `ar`, `aspire` (ASPIRE's draft view), `window`
+(MagicDec's), `vegas` (with --vegas), `verify` (G + 1 tokens, also 2..G). Prints c = draft / AR,
+v(gamma) = verify / AR, the CPU split into attention / matmuls / rest, and the best speedup
+max_gamma E(a, gamma) / (gamma c + v(gamma)) at a range of acceptances a (docs/performance.md). The
+measuring is aspire_bench/harness/step_costs.py, as `aspire-bench bench` uses it; the KV is random.
 """
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """The simulator against measurement: every measured run of a store replayed with its own trace.
 
-    python -m benchmarks.validate_simulator --store benchmarks/results/cpu_tiny_method_2026-11-30.db
-    python -m benchmarks.validate_simulator --store S --calibration C.json --json out.json
-    python -m benchmarks.validate_simulator --store S --steps
-    python -m benchmarks.validate_simulator --store S --without beta_capture
+    python -m benchmarks.validate_simulator --store S [--calibration C.json] [--json out.json]
+    python -m benchmarks.validate_simulator --store S --steps | --without beta_capture
 
-Per run (decoder, context, batch, sampling): measured and simulated decode tok/s and their error,
-and per speculative run the ratio over the AR run of its group (measured, simulated, error). A row
-passes when the tok/s error is within ±10% and, for ASPIRE rows, the ratio error within ±5%
-(docs/simulator.md).
-The step costs are the run's stored calibration unless --calibration is given: the calibration
-round `bench` timed right after its traced repeat (the cell's pooled rounds when that one misfits),
-else the one the group's ASPIRE run used.
-`--steps` adds where the cost model misses: per run and kind of step (the kinds of its rows: decode,
-draft, verify, draft+verify, prefill), the stored steps' measured mean time beside the cost model's
-time for the same rows (the steps of the run's stored trace, one repeat).
-`--without TERM[,TERM]` prices every run with its stored calibrations refitted from their samples
-without those terms of the cost model (what a term buys, on the same store; a store whose runs
-kept no calibration samples cannot be refitted).
+Per run: measured and simulated decode tok/s and their error, and for speculative runs the ratio
+over the group's AR run; a row passes within ±10% (ASPIRE's ratio within ±5%; docs/simulator.md).
+Step costs: the run's stored calibration unless --calibration is given. `--steps` adds the cost
+model's error per kind of step; `--without TERM` refits the stored calibrations without that term.
 Nothing is written to the store.
 """
 from __future__ import annotations
