@@ -1,5 +1,6 @@
 """GPU check and micro-benchmark of the Triton kernels, within 10 minutes on one GPU at the default
-sizes: sweep cells start only within the 540 s `--budget-s`, and the checks take seconds.
+sizes: sweep and tuning cells start only within the 540 s `--budget-s`, counted from the start
+(the correctness checks come first: a minute or two, most of it compiling the kernels).
 
     python -m benchmarks.gpu_kernels --out gpu_kernels.json            # Qwen3-8B attention shape, bf16
     python -m benchmarks.gpu_kernels --cpu-smoke --out /tmp/smoke.json # the same code on the CPU (tests)
