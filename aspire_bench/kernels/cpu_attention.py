@@ -1,20 +1,12 @@
 """Compiled CPU attention backend: one fused C++ call per layer for every decode, draft and verify row.
 
-The torch reference runs ~15 small ops per row and layer; on a CPU their dispatch cost dominates
-short sparse rows and keeps them on one core. `csrc/cpu_attention.cpp` instead runs one OpenMP work
-item per (row, KV head) that reads each key and value once (in place for a full view, through the
-row's pool indices for a sparse one) for every query of the group, with an online softmax. Captured
-attention scores (ASPIRE's page scores, Vegas's token scores) come from a second call that reuses
-the attention call's log-sum-exp, so they cost a pass over K only.
-It covers fp32 with a head dim that is a multiple of 16 up to 256 (every Llama/Qwen size).
-
-The kernel is built on first use with the system C++ compiler (`$CXX`, else `g++`/`c++`/`clang++`)
-into a per-machine cache (`$ASPIRE_BENCH_CACHE`, else `$XDG_CACHE_HOME/aspire-bench`, else
-`~/.cache/aspire-bench`) and loaded with ctypes: no torch headers, a few seconds to build. A cached
-library is loaded only from a directory and file owned by this user that nobody else can write, and only
-if its content hash is the one recorded when it was built; otherwise it is rebuilt. Rows it
-does not cover go to the torch reference: prefill chunks (many queries: SDPA is better there), and
-everything in other dtypes or head dims.
+The torch reference's many small ops per row and layer are dominated by dispatch on a CPU.
+`csrc/cpu_attention.cpp` runs one OpenMP work item per (row, KV head) that reads each key and value
+once for every query of the group, with an online softmax; captured scores reuse the attention
+call's log-sum-exp, so they cost a pass over K only. It covers fp32 with a head dim that is a
+multiple of 16 up to 256; prefill chunks and other dtypes go to the torch reference. The library is
+built on first use with the system C++ compiler into a per-user cache and loaded only if its content
+hash matches the one recorded at build time (docs/kernels.md).
 """
 from __future__ import annotations
 
