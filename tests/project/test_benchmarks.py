@@ -80,3 +80,20 @@ def test_gpu_decoders_script_dry_run(tmp_path):
     assert {(r["sampling"], r["decoder"]) for r in rows} == {
         (s, d) for s in ("greedy", "paper") for d in ("ar", "magicdec", "vegas", "aspire")}
     assert all(r["parity_identical_pct"] == 100.0 for r in rows if r["sampling"] == "greedy" and r["decoder"] != "ar")
+
+
+@pytest.mark.slow
+def test_gpu_kernels_script_cpu_smoke(tmp_path):
+    """The GPU kernel script end to end on the CPU through Triton's interpreter at tiny shapes: its
+    correctness checks, sweep, score cost and tuning all run, so the first GPU run does not fail on
+    the script itself."""
+    out = tmp_path / "kernels.json"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_kernels", "--cpu-smoke", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["checks"] and all(c["ok"] for c in report["checks"])
+    assert len(report["checks"]) >= 10 and report["shape"]["dtype"] == "fp32"
+    assert {(r["view"], r["queries"]) for r in report["sweep"]} == {("full", 1), ("full", 9), ("7%", 1), ("7%", 9)}
+    assert all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in report["sweep"])
+    assert {r["queries"] for r in report["scores"]} == {1, 9} and report["tune"]
