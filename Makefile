@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check aspire_bench tests bench
+	$(VENV)/bin/ruff check aspire_bench tests benchmarks
 
 # The published leaderboard of the bundled model on this machine (a fresh store each time).
 leaderboard: $(STAMP)

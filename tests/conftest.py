@@ -49,6 +49,53 @@ def _seeded(seed):
     random.seed(seed)
 
 
+# What ASPIRE's automatic calibration gives in tests: a cost model of a CPU-like machine (verification
+# dearer per draft, scattered pages dearer than a stream), so that a run's schedule does not depend on
+# a fit timed under whatever else the machine runs. Tests marked `real_calibration` time the machine.
+FIXED_CALIBRATION = {"beta0": 2e-3, "beta_tok": 1e-4, "beta_attn": 3e-8, "beta_qk": 1e-9, "r2": 0.99, "qk_free": 1,
+                     "beta_sparse": 1e-8, "beta_multi": 0.0, "beta_capture": 5e-9}
+
+
+@pytest.fixture(autouse=True)
+def _fixed_calibration(request, monkeypatch, tmp_path_factory):
+    from aspire_bench.decoders import calibration
+    if request.node.get_closest_marker("real_calibration"):
+        # a directory of its own: a fixed calibration stored by another test is not a timing
+        monkeypatch.setenv("ASPIRE_BENCH_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration")))
+        return
+
+    def fixed(engine, batch_size, context, **kw):
+        return {**FIXED_CALIBRATION, "source": "calibration", "r2_train": FIXED_CALIBRATION["r2"],
+                "heldout_rel_err_median": 0.0, "heldout_rel_err_max": 0.0, "batch_size": batch_size,
+                "context": context, "n_samples": 0, "samples": []}
+
+    def fixed_round(engine, batch_size, context, **kw):  # bench's rounds keep samples: a grid priced by it
+        from aspire_bench.decoders.scheduler import fit_cost_model
+        samples = fixed_samples(batch_size, context)
+        return {**fit_cost_model(samples, source="calibration").to_dict(), "batch_size": batch_size,
+                "context": context, "n_samples": len(samples), "samples": samples}
+    monkeypatch.setattr(calibration, "calibrate", fixed)
+    from aspire_bench.harness import bench
+    monkeypatch.setattr(bench, "calibrate", fixed_round, raising=False)
+
+
+def fixed_samples(batch: int, context: int) -> list[tuple]:
+    """A calibration grid (decode, draft, draft capturing, verify rows at two lengths) priced by
+    FIXED_CALIBRATION, each step off by up to 2% so that the fit has residuals, as a timing would."""
+    from aspire_bench.decoders.scheduler import CostModel, qk_term
+    model, samples = CostModel.from_dict(FIXED_CALIBRATION, "fixed"), []
+    for length in (context // 4, context):
+        sparse = max(512, length // 14)
+        kinds = [[(1, length, 0, 0)], [(1, sparse, sparse, 0)], [(1, sparse, sparse, length)]]
+        kinds += [[(g + 1, length, 0, 0)] for g in (1, 2, 3, 4, 8, 16)]
+        for i, rows in enumerate(kinds):
+            per_row = rows * batch
+            wobble = 1 + 0.01 * ((i * 7 + length) % 5 - 2)
+            samples.append((sum(r[0] for r in per_row), sum(r[1] for r in per_row), qk_term(per_row),
+                            model.rows_time(per_row) * wobble, per_row))
+    return samples
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

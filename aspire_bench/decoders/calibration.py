@@ -79,8 +79,8 @@ def calibration_context(prompt_lens: Sequence[int], engine: Engine, d_max: int) 
 
     Why not one context for all runs: on a CPU what a step costs per KV position, and what a
     verification's extra queries add to it, change with the length and with the machine's memory
-    state; a fit timed at 4k priced a verification of 3 drafts at 16k like one of 1 (measured: 1.60
-    against 1.03 AR steps), and the scheduler drafted three where one paid best."""
+    state; a fit timed at a shorter context can price a verification of several drafts like one of
+    one, and the scheduler then drafts several where one pays best (docs/decoders.md)."""
     median = statistics.median(prompt_lens) if prompt_lens else CALIBRATION_CONTEXT
     nearest = 2 ** round(math.log2(max(1.0, median)))
     return min(max(CALIBRATION_CONTEXT, nearest), engine.max_context - d_max - engine.page_size - 1)

@@ -35,8 +35,8 @@ class Sequence:
 
     def uniforms(self, n: int) -> list[float]:
         """The next n uniforms in [0, 1) of the request's sampling stream, drawn from gen UNIFORM_BLOCK at
-        a time: one torch.rand per block instead of one per draw (~15 us each on a CPU right after a
-        forward, whose KV stream has evicted the caches; a device sync each on a GPU)."""
+        a time: one torch.rand per block instead of one per draw (each call is slow on a CPU right after
+        a forward, whose KV stream has evicted the caches; a device sync each on a GPU)."""
         while len(self._uniforms) < n:
             self._uniforms += torch.rand(UNIFORM_BLOCK, generator=self.gen, device=self.gen.device).tolist()
         out, self._uniforms = self._uniforms[:n], self._uniforms[n:]

@@ -1,23 +1,12 @@
-"""The CPU dense paths: a layer's norms, RoPE, projections and MLP in fewer calls than model.py's eager ~50.
+"""The CPU dense paths: a layer's norms, RoPE, projections and MLP in fewer calls than model.py's eager ones.
 
-`CompiledDense` (dense backend `cpp`, the default for fp32 on a CPU; at the end of this file) runs
-them as one compiled C++ call per layer. `FusedDense` (backend `fused`, the fallback without a C++
-compiler) needs no compiler: ~20 torch calls per layer, as follows.
-
-On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so this
-path removes calls (same maths, fp32 rounding order aside):
-
-- An RMSNorm weight is folded into the next projection's weight: rms_norm(x, w) @ W^T =
-  (s x) @ (W diag w)^T, s = rsqrt(mean(x^2) + eps) from one fused norm call.
-- Qwen3's q/k norm weights are folded into RoPE tables built once per forward for all layers:
-  rope(n * w) = n * (w cos) + roll(n) * (roll(w) sin'), sin' = sin with its first half negated,
-  roll = swap the two halves of the head dim. q and k of a layer are normalised and rotated together.
-- Projections run through oneDNN with prepacked weights (its blocked layout: on these shapes up to 2x
-  MKL's sgemm), the residual add fused as a post-op. Where this torch build has
-  no oneDNN, plain `F.linear` (one warning).
-
-Both cover fp32 on a CPU (`auto` picks `cpp`, else `fused`, there); other dtypes and devices run the eager reference
-in model.py, which computes norms in fp32 before rounding.
+On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so these paths
+remove calls (same maths, fp32 rounding order aside). `CompiledDense` (backend `cpp`, the default for
+fp32 on a CPU; at the end of this file) runs a layer as one compiled C++ call. `FusedDense` (backend
+`fused`, the fallback without a C++ compiler) folds each RMSNorm weight into the next projection, q/k
+norm weights into RoPE tables built once per forward, and runs projections through oneDNN with
+prepacked weights and the residual add as a post-op (plain `F.linear` where torch has no oneDNN).
+Other dtypes and devices run the eager reference in model.py (docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -39,7 +28,7 @@ def onednn_available() -> bool:
 class Proj:
     """y = x @ W^T (+ b), optionally added to a residual in the same call.
 
-    oneDNN's call costs ~8 us more than MKL's sgemm, which its faster kernel only repays on larger
+    oneDNN's call has a larger fixed cost than MKL's sgemm, which its faster kernel only repays on larger
     products: below _SMALL multiply-adds a matrix small enough to keep a plain copy goes to F.linear."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, packed: bool):

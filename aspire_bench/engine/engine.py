@@ -16,14 +16,11 @@ from .loading import load_model, load_tokenizer, resolve_model_path
 from .model import Transformer
 
 # Of every run of consecutive positions a view reads, the first SCATTERED_HEAD (all of a shorter run)
-# are "scattered": read before the run streams. Measured on a 2-core CPU (bench/scattered_runs.py:
-# ASPIRE draft rows at 16k, the same 1,152 positions per row in runs of 1, 2, 4 or 8 pages): their
-# extra cost over runs of 16 pages fell as 1 : 0.84 : 0.51 : 0.11, as a head of 32 positions per run
-# has it (1 : 1 : 0.43 : 0.14). A threshold instead (runs shorter than 64 scattered, longer ones
-# free) gave runs of 4 pages or more no extra cost, and priced a real page selection, whose pages
-# often lie in runs of 2-8, 4-7% below random single pages that cost the same. ASPIRE's single
-# pages and Vegas's tokens are scattered in full; a long run, such as the recent pages or MagicDec's
-# window, pays for its head only.
+# are "scattered": read before the hardware prefetcher picks up the stream, so they cost more per
+# position than the rest of the run. A head per run, rather than a length threshold, keeps the extra
+# cost falling smoothly as runs grow, which is how timed draft rows behave (docs/decoders.md gives the
+# measurement). ASPIRE's single pages and Vegas's tokens are scattered in full; a long run, such as
+# the recent pages or MagicDec's window, pays for its head only.
 SCATTERED_HEAD = 32
 
 

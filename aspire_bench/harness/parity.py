@@ -20,8 +20,8 @@ from ..errors import ConfigError
 IDENTICAL, NEAR_TIE, MISMATCH, LENGTH = "identical", "near-tie", "mismatch", "length"
 
 # Default tolerance per logits dtype, relative to max(1, |AR's top-1 logit|): a divergence is a near-tie
-# only when AR's margin is below tolerance x that scale. fp32: equivalent kernels differ by ~1e-6 relative
-# on the bundled model (measured), ~1e-5 on GPUs; 1e-4 leaves 10x headroom. bf16 logits are rounded to 8
+# only when AR's margin is below tolerance x that scale. fp32: equivalent kernels differ by rounding in
+# the last few bits (more on GPUs, whose reductions run in other orders); 1e-4 leaves ample headroom. bf16 logits are rounded to 8
 # significant bits (steps of 1/256 to 1/128 of the magnitude), so two equivalent kernels can differ by a
 # few steps: 2^-6 = 2 to 4 steps. fp16 (11 bits): likewise 2^-9.
 DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 2.0 ** -6, "float16": 2.0 ** -9}

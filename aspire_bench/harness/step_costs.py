@@ -16,7 +16,7 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
-paying a C-token prefill per row. bench/step_costs.py is the command-line front end.
+paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def timed(fn, repeats: int, sync) -> float:
 def timed_interleaved(fns: dict, repeats: int, sync) -> dict:
     """Median wall seconds of each fn over repeats. The kinds take turns (one round of each per repeat),
     so a drift in the machine's speed during the measurement (on a shared VM, memory bandwidth moves
-    by 10-30% within minutes) shifts every kind alike and the ratios between kinds stay put. Each
+    within minutes) shifts every kind alike and the ratios between kinds stay put. Each
     timed call follows an untimed call of the same kind: the caches hold what a run of such steps
     leaves there (a decoder's draft steps come in runs), not what the previous kind left."""
     ts = {key: [] for key in fns}

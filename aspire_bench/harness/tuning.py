@@ -4,8 +4,8 @@ Per run (one context, batch size and sampling setting): the task's samples after
 (other sample indices, so other prompts) form the tuning set, one batch of them (at least 2), each
 generating min(max_new_tokens, TUNE_NEW_TOKENS) tokens under the run's sampling setting with another
 seed. After a short warm-up the decoder's grid runs TUNE_ROUNDS times on that set, each round in a
-fresh random order, so that a drift in the machine's speed (on a shared VM, memory bandwidth moves by
-up to 1.5x within minutes) lands on every gamma alike; the gamma with the highest median decode
+fresh random order, so that a drift in the machine's speed (on a shared VM, memory bandwidth moves
+within minutes) lands on every gamma alike; the gamma with the highest median decode
 tok/s wins. Procedure and cost: docs/metrics.md#tuned-baselines.
 """
 from __future__ import annotations

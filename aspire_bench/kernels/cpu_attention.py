@@ -1,20 +1,12 @@
 """Compiled CPU attention backend: one fused C++ call per layer for every decode, draft and verify row.
 
-The torch reference runs ~15 small ops per row and layer; on a CPU their dispatch cost dominates
-short sparse rows and keeps them on one core. `csrc/cpu_attention.cpp` instead runs one OpenMP work
-item per (row, KV head) that reads each key and value once (in place for a full view, through the
-row's pool indices for a sparse one) for every query of the group, with an online softmax. Captured
-attention scores (ASPIRE's page scores, Vegas's token scores) come from a second call that reuses
-the attention call's log-sum-exp, so they cost a pass over K only.
-It covers fp32 with a head dim that is a multiple of 16 up to 256 (every Llama/Qwen size).
-
-The kernel is built on first use with the system C++ compiler (`$CXX`, else `g++`/`c++`/`clang++`)
-into a per-machine cache (`$ASPIRE_BENCH_CACHE`, else `$XDG_CACHE_HOME/aspire-bench`, else
-`~/.cache/aspire-bench`) and loaded with ctypes: no torch headers, a few seconds to build. A cached
-library is loaded only from a directory and file owned by this user that nobody else can write, and only
-if its content hash is the one recorded when it was built; otherwise it is rebuilt. Rows it
-does not cover go to the torch reference: prefill chunks (many queries: SDPA is better there), and
-everything in other dtypes or head dims.
+The torch reference's many small ops per row and layer are dominated by dispatch on a CPU.
+`csrc/cpu_attention.cpp` runs one OpenMP work item per (row, KV head) that reads each key and value
+once for every query of the group, with an online softmax; captured scores reuse the attention
+call's log-sum-exp, so they cost a pass over K only. It covers fp32 with a head dim that is a
+multiple of 16 up to 256; prefill chunks and other dtypes go to the torch reference. The library is
+built on first use with the system C++ compiler into a per-user cache and loaded only if its content
+hash matches the one recorded at build time (docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -43,8 +35,8 @@ _WHAT, _HINT = "the CPU attention kernel", "use --attention-backend torch"
 def vector_width_for(info: dict[str, str]) -> int:
     """Floats per SIMD vector for the kernel on the CPU that /proc/cpuinfo's fields `info` describe: 16
     where the cores have AVX-512, except AMD's Zen 4 (family 25 with AVX-512), which runs each 512-bit
-    operation as two 256-bit halves: there vectors of 8 verify 2-7 tokens 8-34% faster, draft and decode
-    rows alike (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
+    operation as two 256-bit halves: there vectors of 8 verify several tokens faster, and draft and
+    decode rows take as long either way (docs/kernels.md). 8 on every other CPU (AVX2; two registers each elsewhere)."""
     if "avx512f" not in cpu_build.cpu_flags(info):
         return 8
     zen4 = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
@@ -91,7 +83,7 @@ def load_library() -> ctypes.CDLL:
 
 
 def _int64(values) -> torch.Tensor:
-    # through numpy: torch.tensor of a nested list costs ~20 us, several times per forward
+    # through numpy: torch.tensor of a nested list is slow, and this runs several times per forward
     return torch.from_numpy(np.array(values, dtype=np.int64))
 
 

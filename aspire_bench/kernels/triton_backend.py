@@ -20,7 +20,7 @@ class TritonAttention:
                  num_warps: int | None = None, num_stages: int | None = None):
         """min_chunk / target_programs steer split-K (see plan_attention); tests shrink them to force
         splits on tiny contexts. block_n / num_warps / num_stages: tiling and launch knobs of the
-        attention kernel (bench/gpu_kernels.py --tune compares a few)."""
+        attention kernel (benchmarks/gpu_kernels.py --tune compares a few)."""
         self.block_n = block_n
         self.num_warps = num_warps
         self.num_stages = num_stages

@@ -2,18 +2,11 @@
 
 A row is (kind, tokens it puts through the forward pass, KV positions it attends per layer[, of
 which scattered through a sparse view[, positions whose scores it captured]]), as in a stored run's
-step rows. Two models:
-
-- `CalibratedCost`: this machine's fitted cost model (decoders/scheduler.py CostModel):
-  beta0 + beta_tok * tokens + beta_attn * KV read + beta_qk * sum over rows of (tokens beyond the
-  first qk_free) x KV read + beta_sparse * KV read scattered through sparse views + beta_multi * KV
-  read by rows of more than qk_free tokens + beta_capture * positions whose scores rows captured.
-- `Roofline`: a hardware profile and a model shape. A step reads every weight once and each row's
-  KV; it computes 2 FLOPs per weight per token plus attention's 4 * heads * head_dim FLOPs per
-  (query, KV position) per layer. time = max(bytes / (BW * eff_bw), FLOPs / (peak * eff_flops))
-  + a fixed per-step overhead. A position read scattered through a sparse view costs what any other does
-  (a GPU's page gathers read whole pages at full bandwidth), and a captured score nothing extra (writing
-  it out is small next to the KV the row reads).
+step rows. `CalibratedCost` prices them with this machine's fitted cost model (decoders/scheduler.py
+CostModel). `Roofline` with a hardware profile and a model shape: every weight and each row's KV
+read once, 2 FLOPs per weight per token plus attention's FLOPs, time = max(bytes / bandwidth, FLOPs /
+peak) (each at its efficiency) + a fixed per-step overhead; scattered positions and captured scores
+cost nothing extra there (a GPU gathers whole pages at full bandwidth). docs/simulator.md.
 """
 from __future__ import annotations
 
@@ -187,7 +180,7 @@ def profile_for(device_name: str | None) -> str | None:
 
 
 def predicted_step_ms(roofline: Roofline, cell: dict) -> dict:
-    """The roofline's time of each step kind of a bench/step_costs.py cell (batch rows of one kind)."""
+    """The roofline's time of each step kind of a benchmarks/step_costs.py cell (batch rows of one kind)."""
     batch, gamma = cell["batch"], cell["gamma"]
     out = {}
     for kind, kv in cell.get("kv_positions_per_row", {}).items():

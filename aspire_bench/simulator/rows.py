@@ -1,7 +1,7 @@
 """The simulator's results: one row per simulated decoder, with the measured figures beside them.
 
 `simulate --json` prints these rows (keys `decoder`, `simulated_decode_tok_s`, `measured_decode_tok_s`
-and the others below); bench/validate_simulator.py and bench/gpu_decoders.py build them the same way.
+and the others below); benchmarks/validate_simulator.py and benchmarks/gpu_decoders.py build them the same way.
 """
 from __future__ import annotations
 

@@ -2,19 +2,10 @@
 
 Offline: the context is one held-out standard-library package (aspire_bench.corpus, "heldout" split,
 never seen by the bundled tiny model), its files concatenated in path order, each after a
-"# file: <path>" line. A sample cuts this text at the start of a line in the middle of a file.
-
-Exact length rule (N = requested tokens, B = the tokenizer's leading specials such as BOS):
-  the context starts at the latest line start that still leaves at least N - len(B) tokens before the
-  cut (text encoded without specials), and the surplus tokens (fewer than that first line holds) are
-  dropped from the front; prompt_ids = B + those N - len(B) ids, so the prompt ends with the newline
-  that ends the line before the cut.
-Reference: the next `ref_lines` line(s) after the cut (the true continuation). Cut lines are non-blank,
-not comments, at least 3 lines into a file and before its last line.
-Score: LongBench's code_sim_score (tasks.scoring) of the generation against the reference line, so
-scores compare with published LongBench lcc numbers. With ref_lines > 1: edit similarity (1 - Levenshtein /
-longer length) between as many lines of the generation (after leading blank lines) and the reference,
-each line stripped of surrounding spaces.
+"# file: <path>" line. A sample cuts this text at the start of a line in the middle of a file; the
+prompt is exactly the requested number of tokens ending with the newline before the cut, the
+reference the next `ref_lines` line(s), and the score LongBench's code_sim_score (edit similarity
+line by line when ref_lines > 1). The exact length rule and the choice of cut lines: docs/tasks.md.
 """
 from __future__ import annotations
 

@@ -274,6 +274,7 @@ def test_unknown_decoder_and_setting_messages():
         get_decoder("magicdec", gama=3)
 
 
+@pytest.mark.real_calibration
 def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
@@ -327,6 +328,7 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
             random_engine, make_requests()[:1], SamplingParams(), 1)
 
 
+@pytest.mark.real_calibration
 def test_calibration_times_window_drafts(random_engine):
     """The grid's window rows read MagicDec's sink + window view: a draft token, no refresh layer."""
     from aspire_bench.decoders.calibration import calibrate
@@ -341,6 +343,7 @@ def test_calibration_times_window_drafts(random_engine):
     assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
 
 
+@pytest.mark.real_calibration
 @pytest.mark.parametrize("compiled", [True, False], ids=["one-call", "per-row"])
 def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, monkeypatch, compiled):
     """Each timed step comes right after a read of twice the last-level cache (as in decoding, after a
@@ -404,6 +407,7 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
     assert events and ("flush",) not in events
 
 
+@pytest.mark.real_calibration
 def test_calibration_rounds_pool_point_by_point(random_engine):
     from aspire_bench.decoders.calibration import calibrate, pooled_calibration
     kw = {"batch_size": 2, "context": 256, "drafts": (1, 4), "ratios": (0.25, 1.0), "repeats": 1, "warmup": False}

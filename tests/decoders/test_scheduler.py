@@ -263,6 +263,7 @@ def test_fit_quality_check():
     assert fit_problem(CostModel(1e-3, 1e-4, 3e-8, r2=0.97)) is None
 
 
+@pytest.mark.real_calibration
 def test_auto_calibration_is_measured_once_stored_and_replayed(engine):
     path = calibration_path(engine, 2, calibration_context([len(r.prompt_ids) for r in requests()], engine, 16))
     path.unlink(missing_ok=True)

@@ -155,6 +155,7 @@ def test_calibrate_saves_where_a_run_of_its_context_looks(random_tiny):
     assert f"saved {path}" in r.output and json.loads(path.read_text())["context"] == 4096
 
 
+@pytest.mark.real_calibration
 def test_calibrate_reports_and_saves_every_term(random_tiny, tmp_path):
     out = tmp_path / "cal.json"
     r = cli("calibrate", "--model", str(random_tiny), "--context-len", "512", "--batch-size", "2",

@@ -85,6 +85,7 @@ CONTRACT = ("settings", "tuned", "n_requests", "speedup_vs_ar", "speedup_vs_ar_c
              "speedup_vs_best_baseline_ci95", "bound_share")
 
 
+@pytest.mark.real_calibration
 def test_bench_json_contract(random_tiny, tmp_path):
     """`aspire-bench bench` at tiny sizes: default and tuned baseline rows, intervals, bound share, the
     JSON keys of the contract; parity under greedy; the same work for every decoder."""

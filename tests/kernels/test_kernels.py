@@ -196,9 +196,9 @@ def test_gpu_script_exits_clearly_without_cuda(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels.py"
-    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.json")], capture_output=True,
-                       text=True, timeout=120, check=False)
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_kernels", "--out", str(tmp_path / "x.json")],
+                       capture_output=True, text=True, timeout=120, check=False, cwd=root)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
     assert not (tmp_path / "x.json").exists()
 

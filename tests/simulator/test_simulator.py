@@ -244,10 +244,7 @@ def test_projected_page_lists_simulated_runs_with_the_papers_speedup(tmp_path):
 
 
 def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import validate_simulator
+    from benchmarks import validate_simulator
     db = str(tmp_path / "v.db")
     calib = tmp_path / "calib.json"
     calib.write_text(json.dumps({**COST.to_dict(), "source": "calibration"}))

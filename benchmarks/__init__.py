@@ -1,0 +1,1 @@
+"""Supported benchmark scripts, run from the repository root as `python -m benchmarks.NAME`."""
