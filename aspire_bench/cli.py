@@ -18,7 +18,7 @@ from .harness.tables import format_option
 def model_options(f):
     for opt in reversed([
         click.option("--model", default="tiny", show_default=True,
-                     help="HF checkpoint directory, or `tiny` (the bundled model)."),
+                     help="`tiny` (bundled), a name from `aspire-bench models`, an HF checkpoint directory, or a .gguf file."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(T.DTYPES),
                      help="float32 | bfloat16 | float16 | auto (the checkpoint's own)"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
@@ -401,10 +401,11 @@ def _register_commands():
     from .harness.store_cli import COMMANDS as store_commands
     from .harness.sweep_cli import COMMANDS as sweep_commands
     from .lm_eval_cli import COMMANDS as lm_eval_commands
+    from .models_cli import COMMANDS as models_commands
     from .report.cli import COMMANDS as report_commands
     from .simulator.cli import COMMANDS as simulator_commands
     for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands,
-                *diagnose_commands, *simulator_commands):
+                *diagnose_commands, *simulator_commands, *models_commands):
         main.add_command(cmd)
 
 
