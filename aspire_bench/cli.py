@@ -247,13 +247,18 @@ def _concrete_dtype(model: str, dtype: str) -> str:
 
 @main.command("demo")
 @click.option("--store", default="aspire_results.db", show_default=True)
-@click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
+@click.option("--out", default=None, help="Leaderboard directory.  [default: leaderboards/demo, with --real "
+                                         "leaderboards/demo-real]")
 @click.option("--contexts", default=None, help="Comma-separated context buckets (default: the demo sweep's).")
 @click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the demo sweep's.")
-def demo_command(store, out, contexts, max_new_tokens):
-    """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
-    from .demo import demo
-    overrides = {}
+@click.option("--real", is_flag=True, help="On SmolLM2-135M instead of the bundled model (fetch it first: "
+                                           "aspire-bench models get smollm2-135m).")
+def demo_command(store, out, contexts, max_new_tokens, real):
+    """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model (--real: on SmolLM2-135M);
+    writes a leaderboard."""
+    from .demo import DEMO_REAL_SWEEP, DEMO_SWEEP, demo
+    overrides = {"sweep_file": DEMO_REAL_SWEEP if real else DEMO_SWEEP}
+    out = out or ("leaderboards/demo-real" if real else "leaderboards/demo")
     if contexts:
         overrides["contexts"] = [c.strip() for c in contexts.split(",") if c.strip()]
     if max_new_tokens:

@@ -24,11 +24,11 @@ KNOWN = {m.name: m for m in [
 
 
 def cache_root() -> Path:
-    """$ASPIRE_BENCH_MODELS, else $XDG_CACHE_HOME/aspire-bench/models (~/.cache by default)."""
+    """$ASPIRE_BENCH_MODELS, else models/ in aspire-bench's cache ($ASPIRE_BENCH_CACHE, else
+    $XDG_CACHE_HOME/aspire-bench, else ~/.cache/aspire-bench)."""
+    from ..kernels.cpu_build import cache_dir
     env = os.environ.get("ASPIRE_BENCH_MODELS")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "aspire-bench" / "models"
+    return Path(env).expanduser() if env else cache_dir() / "models"
 
 
 def model_dir(name: str) -> Path:
