@@ -26,9 +26,24 @@ import torch
 from aspire_bench import corpus
 from aspire_bench.decoders.base import SamplingParams
 from aspire_bench.decoders.common import logits_to_probs
-from aspire_bench.decoders.selection import page_budget, select_pages, streaming_positions, token_budget, top_tokens
+from aspire_bench.decoders.selection import (
+    page_budget,
+    select_pages,
+    streaming_positions,
+    token_budget,
+    top_tokens,
+)
 from aspire_bench.decoders.vegas import VegasSettings
-from aspire_bench.engine import PAGE_MAX_SUM, TOKEN_MEAN, Capture, Engine, LayerTokenView, PageView, Row, TokenView
+from aspire_bench.engine import (
+    PAGE_MAX_SUM,
+    TOKEN_MEAN,
+    Capture,
+    Engine,
+    LayerTokenView,
+    PageView,
+    Row,
+    TokenView,
+)
 
 
 def heldout_ids(tokenizer, n: int) -> list[int]:

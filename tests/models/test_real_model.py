@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.real_model,
               pytest.mark.skipif(not is_checkpoint(model_dir(NAME)),
                                  reason=f"{NAME} is not in the cache (aspire-bench models get {NAME})")]
 # Small budgets: at these prompt lengths the drafts read a fraction of the prefix.
-SPARSE = {"magicdec": dict(budget=64, sinks=4), "vegas": dict(min_tokens=32, ratio=0.05),
-          "aspire": dict(min_pages=2, recent_pages=1, calibration="none")}  # no timing: parity needs none
+SPARSE = {"magicdec": {"budget": 64, "sinks": 4}, "vegas": {"min_tokens": 32, "ratio": 0.05},
+          "aspire": {"min_pages": 2, "recent_pages": 1, "calibration": "none"}}  # no timing: parity needs none
 
 
 @pytest.fixture(scope="module")
