@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # the test suite exercises the optional integrations too (Triton interpreter, lm-eval, Ray)
 EXTRAS ?= dev,lm-eval,ray
 
-.PHONY: demo test lint leaderboard bench clean-venv
+.PHONY: demo demo-real test lint leaderboard bench clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	@if [ ! -x $(PY) ]; then \
@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(VENV)/bin/aspire-bench demo
+
+# The same side-by-side on SmolLM2-135M (a real pretrained model): `aspire-bench models get smollm2-135m` first.
+demo-real: $(STAMP)
+	$(VENV)/bin/aspire-bench demo --real
 
 test: $(STAMP)
 	@bash scripts/install_chromium.sh || echo "[setup] no chromium: the browser test skips (it fails under CI=true)"

@@ -20,7 +20,7 @@ from .harness.tables import columns_option, format_option
 def model_options(f):
     for opt in reversed([
         click.option("--model", default="tiny", show_default=True,
-                     help="HF checkpoint directory, or `tiny` (the bundled model)."),
+                     help="`tiny` (bundled), a name from `aspire-bench models`, an HF checkpoint directory, or a .gguf file."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(T.DTYPES),
                      help="float32 | bfloat16 | float16 | auto (the checkpoint's own)"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
@@ -326,17 +326,22 @@ def _concrete_dtype(model: str, dtype: str) -> str:
 @main.command("demo", epilog=examples("aspire-bench demo",
                                       "aspire-bench demo --context-len 4k --max-new-tokens 32 --out /tmp/demo"))
 @store_option
-@click.option("--out", default="leaderboards/demo", show_default=True, help="Leaderboard directory.")
+@click.option("--out", default=None, help="Leaderboard directory.  [default: leaderboards/demo, with --real "
+                                         "leaderboards/demo-real]")
 @click.option("--context-len", "contexts", default=None, callback=lambda c, p, v: T.csv_contexts(c, p, v) if v else None,
               help="Comma-separated context buckets (default: the demo sweep's).")
 @hidden_alias("--contexts", "contexts_alias", callback=lambda c, p, v: T.csv_contexts(c, p, v) if v else None)
 @click.option("--max-new-tokens", default=None, type=T.POSITIVE, help="Default: the demo sweep's.")
-def demo_command(store_path, out, contexts, contexts_alias, max_new_tokens):
-    """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model; writes a leaderboard."""
-    from .demo import demo
+@click.option("--real", is_flag=True, help="On SmolLM2-135M instead of the bundled model (fetch it first: "
+                                           "aspire-bench models get smollm2-135m).")
+def demo_command(store_path, out, contexts, contexts_alias, max_new_tokens, real):
+    """AR, MagicDec, Vegas and ASPIRE side by side on the bundled tiny model (--real: on SmolLM2-135M);
+    writes a leaderboard."""
+    from .demo import DEMO_REAL_SWEEP, DEMO_SWEEP, demo
     store = store_path
     contexts = merge_alias(contexts, contexts_alias, None, "--context-len", "--contexts")
-    overrides = {}
+    overrides = {"sweep_file": DEMO_REAL_SWEEP if real else DEMO_SWEEP}
+    out = out or ("leaderboards/demo-real" if real else "leaderboards/demo")
     if contexts:
         overrides["contexts"] = contexts
     if max_new_tokens:
@@ -522,10 +527,11 @@ def _register_commands():
     from .harness.store_cli import COMMANDS as store_commands
     from .harness.sweep_cli import COMMANDS as sweep_commands
     from .lm_eval_cli import COMMANDS as lm_eval_commands
+    from .models_cli import COMMANDS as models_commands
     from .report.cli import COMMANDS as report_commands
     from .simulator.cli import COMMANDS as simulator_commands
     for cmd in (*store_commands, *sweep_commands, *report_commands, *gate_commands, *lm_eval_commands,
-                *diagnose_commands, *simulator_commands):
+                *diagnose_commands, *simulator_commands, *models_commands):
         main.add_command(cmd)
 
 

@@ -14,6 +14,8 @@ from .errors import UserError
 from .harness.bench import Sampling, bench, bench_table
 
 DEMO_SWEEP = Path(__file__).parent / "sweeps" / "demo.yaml"
+# the same on a real pretrained model (`aspire-bench models get smollm2-135m`)
+DEMO_REAL_SWEEP = Path(__file__).parent / "sweeps" / "demo-real.yaml"
 
 
 def bench_args(spec: dict) -> dict:
@@ -27,13 +29,17 @@ def bench_args(spec: dict) -> dict:
             "samplings": [Sampling(float(s.get("temperature", 0.0)), int(s.get("top_k", 0)), float(s.get("top_p", 1.0)))]}
 
 
-def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", **overrides) -> Path:
+def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", sweep_file: Path = DEMO_SWEEP,
+         **overrides) -> Path:
     """Overrides replace top-level keys of the demo sweep (e.g. contexts=["4k"], max_new_tokens=32)."""
+    from .engine.loading import resolve_model_path
     from .harness.store import Store
     from .report import write_report
     from .report.leaderboard import bound_sentence, build, load_runs, simulated_by_source
     from .simulator.rows import save, stored_rows
-    spec = {**yaml.safe_load(DEMO_SWEEP.read_text()), **overrides}
+    spec = {**yaml.safe_load(Path(sweep_file).read_text()), **overrides}
+    for model in spec["models"]:
+        resolve_model_path(model)  # a model not at hand stops the demo here, in one line
     rows, bandwidth = bench(**bench_args(spec), store=store, tune=False, name=spec.get("name", "demo"))
     console = Console()
     console.print(bench_table(rows, bandwidth))

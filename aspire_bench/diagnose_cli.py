@@ -36,7 +36,7 @@ def common_options(f):
     """Model, task and output options shared by both diagnostics."""
     for opt in reversed([
         click.option("--model", default="tiny", show_default=True,
-                     help="HF checkpoint directory, or `tiny` (the bundled model)."),
+                     help="`tiny` (bundled), a name from `aspire-bench models`, an HF checkpoint directory, or a .gguf file."),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(T.DTYPES)),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
         click.option("--attention-backend", default="auto", show_default=True, type=click.Choice(T.ATTENTION_BACKENDS)),

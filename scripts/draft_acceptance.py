@@ -8,6 +8,11 @@ full attention, the draft distribution q from the same model through a sparse vi
              previous position (one-token lag)
   pages-norefresh   the same budget, pages chosen only at the start of each `--cycle`-token
              verification cycle (ASPIRE without the refresh layer)
+  vegas      Vegas: per layer the top 5% (>= 256) tokens by the attention of the query at the start of
+             each 6-token cycle (averaged over heads), plus the tokens written since
+
+--model takes what every command takes: `tiny`, a name from `aspire-bench models` (e.g. smollm2-135m),
+a checkpoint directory or a .gguf file.
 
     python scripts/draft_acceptance.py --model tiny --contexts 4096,16384 --positions 64
 """
@@ -21,8 +26,24 @@ import torch
 from aspire_bench import corpus
 from aspire_bench.decoders.base import SamplingParams
 from aspire_bench.decoders.common import logits_to_probs
-from aspire_bench.decoders.selection import page_budget, select_pages, streaming_positions
-from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
+from aspire_bench.decoders.selection import (
+    page_budget,
+    select_pages,
+    streaming_positions,
+    token_budget,
+    top_tokens,
+)
+from aspire_bench.decoders.vegas import VegasSettings
+from aspire_bench.engine import (
+    PAGE_MAX_SUM,
+    TOKEN_MEAN,
+    Capture,
+    Engine,
+    LayerTokenView,
+    PageView,
+    Row,
+    TokenView,
+)
 
 
 def heldout_ids(tokenizer, n: int) -> list[int]:
@@ -41,8 +62,9 @@ def measure(engine: Engine, ids: list[int], context: int, positions: int, params
     for a in range(0, context - 1, engine.prefill_chunk):
         engine.forward([Row(slot, ids[a:min(a + engine.prefill_chunk, context - 1)], a, logits="none")])
     cap = Capture((r,), (0,), PAGE_MAX_SUM)
-    scores = fixed = None
-    acc: dict[str, list[float]] = {"window": [], "pages": [], "pages-norefresh": []}
+    vegas, vegas_cap = VegasSettings(), Capture(tuple(range(engine.cfg.num_layers)), (0,), TOKEN_MEAN)
+    scores = fixed = selected = None
+    acc: dict[str, list[float]] = {"window": [], "pages": [], "pages-norefresh": [], "vegas": []}
     for t in range(positions):
         pos = context - 1 + t
         tok = [ids[pos]]
@@ -58,12 +80,23 @@ def measure(engine: Engine, ids: list[int], context: int, positions: int, params
                 fixed = scores
             pages = select_pages(fixed, n_pages, budget, recent)
             views["pages-norefresh"] = None if pages is None else PageView(pages)
+        if selected is not None:
+            length, sel = selected
+            since = torch.arange(length, pos).expand(sel.shape[0], -1)
+            views["vegas"] = LayerTokenView(torch.cat((sel, since), dim=1))
         qs = {}
         for name, view in views.items():  # sparse passes first; the full pass rewrites exact KV last
             qs[name] = logits_to_probs(engine.forward([Row(slot, tok, pos, view=view)]).logits[0][-1], params)
         out = engine.forward([Row(slot, tok, pos, capture=cap)])
         p = logits_to_probs(out.logits[0][-1], params)
         scores = out.captures[0][r]
+        if t % vegas.gamma == 0:  # a verification: the same token again (the same KV), every layer's scores
+            layer_scores = engine.forward([Row(slot, tok, pos, capture=vegas_cap, logits="none")]).captures[0]
+            length = pos + 1
+            k = token_budget(length, vegas.ratio, vegas.min_tokens)
+            stacked = torch.stack([layer_scores[li][:length] for li in range(engine.cfg.num_layers)])
+            sel = top_tokens(stacked, length, k)
+            selected = None if sel is None else (length, sel)
         for name, q in qs.items():
             acc[name].append(1.0 - 0.5 * float((p - q).abs().sum()))
     engine.free(slot)

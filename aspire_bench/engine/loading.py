@@ -1,7 +1,8 @@
 """Hugging Face checkpoint directory -> Transformer (+ tokenizer).
 
 A directory holds config.json, model.safetensors or a sharded model.safetensors.index.json, and
-tokenizer files. `tiny` names the checkpoint shipped inside this package.
+tokenizer files. `tiny` names the checkpoint shipped inside this package; the names of `aspire-bench models`
+(e.g. smollm2-135m) and GGUF files resolve to checkpoints converted into the user cache (see ..models).
 """
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ def resolve_model_path(model: str | Path) -> Path:
             raise CheckpointError(f"the bundled tiny model is missing from {TINY_DIR}: reinstall aspire-bench "
                                   "or train it with `aspire-bench train-tiny`")
         return TINY_DIR
+    from ..models import KNOWN, resolve_model
+    found = resolve_model(str(model))
+    if found is not None:
+        return found
     path = Path(model).expanduser()
     if not path.exists():
         raise CheckpointError(f"model path {path} does not exist: pass a local Hugging Face checkpoint "
-                              "directory (config.json + *.safetensors + tokenizer) or `tiny`")
+                              f"directory (config.json + *.safetensors + tokenizer), a .gguf file, `tiny`, or "
+                              f"one of {', '.join(KNOWN)} (see `aspire-bench models`)")
     if not path.is_dir() or not (path / "config.json").exists():
         raise CheckpointError(f"{path} has no config.json: pass the checkpoint directory itself "
-                              "(for a Hub cache, the snapshots/<revision> folder)")
+                              "(for a Hub cache, the snapshots/<revision> folder) or a .gguf file")
     return path
 
 
