@@ -267,9 +267,9 @@ def demo_command(store, out, contexts, max_new_tokens):
 @click.option("--task", default="code-completion", show_default=True)
 @click.option("--contexts", default="4k,16k,32k", show_default=True, callback=T.csv_contexts)
 @click.option("--batch-sizes", default="1,8", show_default=True, callback=T.csv_positive_ints)
-@click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True,
-              callback=T.decoder_specs,
-              help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035].")
+@click.option("--decoders", default=None, callback=lambda ctx, p, v: None if v is None else T.decoder_specs(ctx, p, v),
+              help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035] "
+                   "(default: every built-in decoder that is not an ablation).")
 @click.option("--repeat", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--max-new-tokens", default=128, show_default=True, type=T.POSITIVE)
 @click.option("--sampling", default="greedy,paper", show_default=True,
@@ -309,7 +309,7 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, batch
         if not sampling_in_range(s.temperature, s.top_k, s.top_p):
             raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                                      param_hint="--sampling")
-    for name, args in decoders:
+    for name, args in decoders or ():
         get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away
@@ -347,9 +347,13 @@ def tasks_command():
 @main.command("decoders")
 def decoders_command():
     """List the decoders."""
-    from .decoders import decoder_names
+    from .decoders import decoder_names, trait
     for name in decoder_names():
-        click.echo(name)
+        try:
+            desc = trait(name, "description")
+        except UserError:  # a plug-in that does not load: `run` names the problem
+            desc = "(a plug-in that fails to load: run it to see why)"
+        click.echo(f"{name:18s} {desc}".rstrip())
 
 
 @main.command("calibrate")

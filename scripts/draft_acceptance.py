@@ -20,7 +20,7 @@ import torch
 
 from aspire_bench import corpus
 from aspire_bench.decoders.base import SamplingParams
-from aspire_bench.decoders.common import logits_to_probs
+from aspire_bench.decoders.sampler import logits_to_probs
 from aspire_bench.decoders.selection import page_budget, select_pages, streaming_positions
 from aspire_bench.engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 

@@ -1,5 +1,9 @@
 """Decoders: what each schedules on the shared engine. Registry by name: the built-ins below, then
-plug-ins from other packages (entry point group `aspire_bench.decoders`, docs/adding-a-decoder.md)."""
+plug-ins from other packages (entry point group `aspire_bench.decoders`, docs/adding-a-decoder.md).
+
+A decoder is one class (a subclass of loop.Decoder); what the harness, bench, step costs and the
+simulator need to know about it are its class attributes, read through `trait`.
+"""
 from __future__ import annotations
 
 import importlib
@@ -8,53 +12,67 @@ from functools import cache
 
 from .. import plugins
 from ..errors import ConfigError
-from .base import Decoder, GenerationOutput, Request, RequestResult, SamplingParams  # noqa: F401
+from .base import GenerationOutput, Request, RequestResult, SamplingParams, SupportsGenerate  # noqa: F401
 from .settings import check_settings, parse_value  # noqa: F401
 
-_REGISTRY = {
-    "ar": ("aspire_bench.decoders.ar", "ARDecoder", {}),
-    "magicdec": ("aspire_bench.decoders.magicdec", "MagicDecDecoder", {}),
-    "vegas": ("aspire_bench.decoders.vegas", "VegasDecoder", {}),
-    "aspire": ("aspire_bench.decoders.aspire", "AspireDecoder", {}),
-    # ablations of the paper
-    "aspire-fixed": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fixed", "gamma": 5}),
-    "aspire-fsm": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fsm"}),
-    "aspire-norefresh": ("aspire_bench.decoders.aspire", "AspireDecoder", {"refresh": False}),
-    # the paper's cost model as published: three terms, verification cost flat in the draft length
-    "aspire-papercost": ("aspire_bench.decoders.aspire", "AspireDecoder", {"cost_terms": "paper"}),
-    # an upper bound, not a decoder one could deploy: it knows the target's tokens in hindsight
-    "aspire-oracle": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "oracle"}),
+# name -> "module:class" (imported when first used)
+BUILTIN = {
+    "ar": "aspire_bench.decoders.ar:ARDecoder",
+    "magicdec": "aspire_bench.decoders.magicdec:MagicDecDecoder",
+    "vegas": "aspire_bench.decoders.vegas:VegasDecoder",
+    "aspire": "aspire_bench.decoders.aspire:AspireDecoder",
+    "aspire-fixed": "aspire_bench.decoders.aspire:AspireFixedDecoder",
+    "aspire-fsm": "aspire_bench.decoders.aspire:AspireFsmDecoder",
+    "aspire-norefresh": "aspire_bench.decoders.aspire:AspireNoRefreshDecoder",
+    "aspire-papercost": "aspire_bench.decoders.aspire:AspirePaperCostDecoder",
+    "aspire-oracle": "aspire_bench.decoders.aspire:AspireOracleDecoder",
 }
+# A trait's value for a plug-in class that does not set it.
+TRAIT_DEFAULTS = {"description": "", "baseline": False, "ablation": False, "draft_kind": None, "tune_grid": {},
+                  "simulated": False, "uses_cost_model": False}
 
 
 @cache
 def _plugins() -> dict:
-    return plugins.discover(plugins.DECODERS, _REGISTRY, "decoder")
+    return plugins.discover(plugins.DECODERS, BUILTIN, "decoder")
 
 
 def decoder_names() -> list[str]:
-    return [*_REGISTRY, *_plugins()]
+    return [*BUILTIN, *_plugins()]
 
 
-def _decoder_class(name: str) -> tuple[type, dict]:
-    if name in _REGISTRY:
-        module, cls, defaults = _REGISTRY[name]
-        return getattr(importlib.import_module(module), cls), defaults
+@cache
+def decoder_class(name: str) -> type:
+    """The class of the decoder called `name` (a built-in or a plug-in); ConfigError if none is."""
+    if name in BUILTIN:
+        module, cls = BUILTIN[name].split(":")
+        return getattr(importlib.import_module(module), cls)
     if name in _plugins():
         ep = _plugins()[name]
         klass = plugins.load(ep, "decoder")
         if not inspect.isclass(klass) or not callable(getattr(klass, "generate", None)):
             raise ConfigError(f"the decoder plug-in {name!r} of package {plugins.package_of(ep)} names "
                               f"{ep.value}, which is not a decoder class (one with a generate method)")
-        return klass, {}
+        return klass
     raise ConfigError(f"unknown decoder {name!r}: choose one of {', '.join(decoder_names())}")
 
 
-def get_decoder(name: str, **settings) -> Decoder:
-    klass, defaults = _decoder_class(name)
-    check_settings(name, klass, {**defaults, **settings})
+def trait(name: str, attr: str):
+    """One of a decoder's traits (TRAIT_DEFAULTS names them; loop.Decoder documents them)."""
+    if attr not in TRAIT_DEFAULTS:
+        raise KeyError(f"no decoder trait {attr!r}: one of {', '.join(TRAIT_DEFAULTS)}")
+    klass = decoder_class(name)
+    value = getattr(klass, attr, TRAIT_DEFAULTS[attr])
+    if attr == "description" and not value:
+        value = (inspect.getdoc(klass) or "").split("\n")[0]
+    return value
+
+
+def get_decoder(name: str, **settings) -> SupportsGenerate:
+    klass = decoder_class(name)
+    check_settings(name, klass, settings)
     try:
-        dec = klass(**{**defaults, **settings})
+        dec = klass(**settings)
     except (TypeError, ValueError) as e:  # an unknown or invalid --decoder-arg
         raise ConfigError(f"decoder {name!r}: {e}") from e
     dec.name = name

@@ -26,10 +26,9 @@ import torch
 
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
-from ..kernels import cpu_sampling
-from .base import PAPER_SAMPLING
-from .common import logits_to_probs, sample_from, stack_rows
+from .base import DECODE, DRAFT, PAPER_SAMPLING, VERIFY
 from .magicdec import MagicDecSettings
+from .sampler import Sampler, logits_to_probs
 from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
 from .selection import (
     MIN_PAGES,
@@ -40,7 +39,7 @@ from .selection import (
     select_pages,
     streaming_positions,
 )
-from .speculative import accept_sampling
+from .state import RequestState
 
 # The shortest context a run's automatic calibration is timed at: shorter steps are mostly fixed cost,
 # and the grid at 4k takes seconds.
@@ -115,36 +114,23 @@ def last_level_cache_bytes(device: torch.device) -> int:
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: torch.Tensor
                ) -> tuple[float, list[tuple[int, int, int]]]:
     """(seconds, each row's KV read, the part of it scattered through a sparse view and the positions
-    whose scores it captured, as the engine reports them). A step is timed as the decoding loop
-    runs it: the forward pass, then the host work on its output, which is part of every step's cost
-    (with a compiled forward, a tenth or more of a short draft step): every row's sampling
-    distributions, a draw for each one-token row, for each verify row the rejection sampling of its
-    drafts, and for each one-token row that captured page scores the next draft's page selection
-    (ASPIRE's default budget). The sampling is one compiled call where the loop makes one
-    (kernels/cpu_sampling.py sample_step), else a batched call for the distributions and the rest row
-    by row. Its drafts are verified against stand-in draft distributions, so that some are rejected as
-    in decoding: rows of `stand_in` for the compiled call (which needs them before this step's
-    distributions exist), the row's next positions' on the per-row path; which drafts are accepted
-    differs between the two, not the work."""
+    whose scores it captured, as the engine reports them). A step is timed as the decoding loop runs
+    it: the forward pass, then the host work on its output, which is part of every step's cost: the
+    run's Sampler on every row (under the paper's sampling setting: a draw for each one-token row,
+    the rejection sampling of each verify row's drafts, against rows of `stand_in` as their draft
+    distributions, so that some are rejected as in decoding), and for each one-token row that captured
+    page scores the next draft's page selection (ASPIRE's default budget)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
-    lens = [row.n for row in rows]  # logits rows: a verify row's every token, a one-token row's one
-    us = torch.rand(sum(lens), generator=gen).tolist()  # in one call, as Sequence.uniforms draws them
-    stacked = stack_rows([lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)])
-    if cpu_sampling.step_applies(stacked, PAPER_SAMPLING.top_k):
-        qs = [stand_in[j % len(stand_in)] for n in lens for j in range(n - 1)]
-        drafts = [t for row in rows if row.n > 1 for t in row.tokens[1:]]
-        cpu_sampling.sample_step(stacked, lens, drafts, qs, us, PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k,
-                                 PAPER_SAMPLING.top_p)
-    else:
-        probs = logits_to_probs(stacked, PAPER_SAMPLING).split(lens)
-        u = iter(us)
-        for i, (row, p) in enumerate(zip(rows, probs)):
-            if row.n > 1:
-                accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
-                                PAPER_SAMPLING, gen, p, [next(u) for _ in range(row.n)])
-            else:
-                sample_from(p[0], gen, next(u))
+    us = torch.rand(sum(row.n for row in rows), generator=gen).tolist()  # in one call, as a request draws them
+    states, first = [], 0
+    for row in rows:
+        drafts = list(row.tokens[1:])
+        states.append((RequestState(0, None, row.slot, gen, pending=drafts, _uniforms=us[first:first + row.n],
+                                    qs=[stand_in[j % len(stand_in)] for j in range(len(drafts))]),
+                       VERIFY if drafts else DRAFT if row.view is not None else DECODE))
+        first += row.n
+    Sampler(PAPER_SAMPLING, engine.device, engine.cfg.vocab_size).step(states, out.logits)
     for i, row in enumerate(rows):
         if row.n == 1 and row.capture is not None:
             n_pages = -(-(row.start + 1) // engine.page_size)
