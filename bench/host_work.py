@@ -90,10 +90,12 @@ class StepTimers:
 
     def _sections(self):
         from aspire_bench.decoders import loop
-        self._wrap(loop, "_sample_compiled", "step_sampling")
-        self._wrap(loop, "_batch_probs", "distributions")
-        self._wrap(loop, "take_draft", "draft_draws")
-        self._wrap(loop, "sample", "draft_draws")  # an AR row's draw (DECODE)
+        from aspire_bench.decoders.sampler import Sampler
+        self._wrap(Sampler, "_step_compiled", "step_sampling")
+        self._wrap(Sampler, "_batch_probs", "distributions")
+        self._wrap(Sampler, "draft", "draft_draws")
+        self._wrap(Sampler, "sample", "draft_draws")  # an AR row's draw (DECODE)
+        self._wrap(Sampler, "verify", "verification")
         self._wrap(loop, "finish_verify", "verification")
 
     def uninstall(self):
