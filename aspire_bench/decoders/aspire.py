@@ -21,6 +21,7 @@ from .loop import Decoder, Plan, Policy
 from .scheduler import (
     DEFAULT_COST,
     CostModel,
+    CostSample,
     RequestSchedule,
     best_gamma,
     best_gamma_priced,
@@ -73,7 +74,7 @@ class AspirePolicy(Policy):
     def __init__(self, settings: AspireSettings, page_size: int, num_layers: int, cost: CostModel | None = None):
         super().__init__(settings, page_size, num_layers, DEFAULT_COST if cost is None else cost)
         self.layer = settings.refresh_layer % num_layers
-        self.samples: list[tuple[float, float, float, float]] = []  # calibration=online: this run's steps
+        self.samples: list[CostSample] = []  # calibration=online: this run's steps
         # Of the scattered positions draft_kv's upper bound assumed for this run's drafts, the share the
         # engine counted (selected pages often lie side by side): the bound's factor in draft_kv.
         self.scattered_counted, self.scattered_assumed = 0, 0
@@ -225,7 +226,8 @@ class AspirePolicy(Policy):
         if self.settings.calibration != "online":
             return
         per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse, rw.kv_captured) for rw in trace.rows]
-        self.samples.append((trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall, per_row))
+        self.samples.append(CostSample(trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall,
+                                       per_row))
         every = self.settings.online_fit_every
         if len(self.samples) >= every and len(self.samples) % every == 0:
             fit = fit_cost_model(self.samples[-256:], source="online", terms=self.settings.cost_terms)

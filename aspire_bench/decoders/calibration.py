@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from .base import DECODE, DRAFT, PAPER_SAMPLING, VERIFY
 from .magicdec import MagicDecSettings
 from .sampler import Sampler, logits_to_probs
-from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
+from .scheduler import DEFAULT_COST, CostModel, CostSample, fit_cost_model, fit_problem, qk_term
 from .selection import (
     MIN_PAGES,
     PAGE_RATIO,
@@ -144,9 +144,8 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
               window: tuple[int, int] | None = WINDOW) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
-    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
-    forward pass and its host work (see _time_step), each row's (tokens, KV read, of which scattered
-    through a sparse view, positions whose scores it captured)). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
+    Each sample is a CostSample (scheduler.py): the step's seconds are those of its forward pass and
+    its host work (see _time_step). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
     that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
     is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
     Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
@@ -246,8 +245,8 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     timed = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
         per_row = [(row.n, *counts) for row, counts in zip(rows, row_reads)]
-        timed.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
-                      statistics.median(times), per_row))
+        timed.append(CostSample(sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
+                                statistics.median(times), per_row))
     for slot in slots:
         engine.free(slot)
     index = {p: j for j, p in enumerate(points)}
@@ -260,7 +259,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     train = [s for p, s in zip(point_of, samples) if p not in held_points]
     held = [s for p, s in zip(point_of, samples) if p in held_points] or train
     model = fit_cost_model(train, source="calibration")
-    rel = [abs(model.rows_time(s[4]) - s[3]) / s[3] for s in held]
+    rel = [abs(model.rows_time(s.rows) - s.seconds) / s.seconds for s in held]
     full = fit_cost_model(samples, source="calibration")
     return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
             "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
@@ -275,11 +274,11 @@ def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
     if not rounds:
         raise ValueError("no calibration rounds to pool")
     n = len(rounds[0]["samples"])
-    grid = [tuple(s[:3]) for s in rounds[0]["samples"]]
-    if any(len(r["samples"]) != n or [tuple(s[:3]) for s in r["samples"]] != grid for r in rounds):
+    of = [[CostSample.of(s) for s in r["samples"]] for r in rounds]
+    grid = [s[:3] for s in of[0]]
+    if any(len(r) != n or [s[:3] for s in r] != grid for r in of):
         raise ValueError("calibration rounds of different grids cannot be pooled")
-    samples = [(*first[:3], statistics.median(r["samples"][j][3] for r in rounds), first[4])
-               for j, first in enumerate(rounds[0]["samples"])]
+    samples = [first._replace(seconds=statistics.median(r[j].seconds for r in of)) for j, first in enumerate(of[0])]
     model = fit_cost_model(samples, source=source)
     return {**model.to_dict(), "rounds": len(rounds), "batch_size": rounds[0]["batch_size"],
             "context": rounds[0]["context"], "n_samples": n, "samples": samples}
@@ -301,7 +300,7 @@ def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | 
 def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> CostModel:
     """The cost model of a stored calibration: refitted from its samples (terms: see
     fit_cost_model), or its coefficients as stored when it has no samples."""
-    samples = [tuple(s) for s in calibration.get("samples") or []]
+    samples = [CostSample.of(s) for s in calibration.get("samples") or []]
     if samples:
         return fit_cost_model(samples, source=source, terms=terms)
     model = CostModel.from_dict(calibration, source)
