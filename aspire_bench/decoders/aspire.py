@@ -16,7 +16,7 @@ import torch
 from ..engine import PAGE_MAX_SUM, SCATTERED_HEAD, Capture, PageView
 from ..errors import ConfigError
 from .base import DRAFT, VERIFY
-from .calibration import run_cost_model
+from .calibration import ensure_calibration, run_cost_model
 from .loop import Decoder, Plan, Policy
 from .scheduler import (
     DEFAULT_COST,
@@ -79,6 +79,12 @@ class AspirePolicy(Policy):
         # engine counted (selected pages often lie side by side): the bound's factor in draft_kv.
         self.scattered_counted, self.scattered_assumed = 0, 0
         self._assumed: list[int | None] = []  # per plan of the current step: a draft's scattered bound
+
+    @classmethod
+    def prepare(cls, settings, engine, batch_size, requests):
+        """calibration=auto: this machine's calibration for the run, timed and stored now if there is none."""
+        if settings.calibration == "auto":
+            ensure_calibration(engine, batch_size, [len(r.prompt_ids) for r in requests], settings.d_max)
 
     @classmethod
     def for_run(cls, settings, engine, batch_size, requests=()):

@@ -307,6 +307,21 @@ def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> Cost
     return model if terms == "auto" else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
 
 
+def ensure_calibration(engine: Engine, batch_size: int, prompt_lens: Sequence[int], d_max: int) -> Path:
+    """The path of this machine's stored calibration for a run (calibration_context of its prompt
+    lengths), timed and stored first when there is none (the runner does this before the warm-up)."""
+    context = calibration_context(prompt_lens, engine, d_max)
+    path = calibration_path(engine, batch_size, context)
+    if not path.exists():
+        # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
+        print(f"aspire: timing this machine's step costs at {context} tokens, batch {batch_size} "
+              f"(once; stored in {path})", file=sys.stderr, flush=True)
+        # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
+        # does not move it (the median of 2 is their mean, which it moves by half)
+        save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
+    return path
+
+
 def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int,
                    prompt_lens: Sequence[int] = ()) -> CostModel:
     """The cost model of a run, fixed for the whole run unless calibration=online.
@@ -322,15 +337,7 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     if calibration == "online":
         return DEFAULT_COST
     if calibration == "auto":
-        context = calibration_context(prompt_lens, engine, d_max)
-        path = calibration_path(engine, batch_size, context)
-        if not path.exists():
-            # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
-            print(f"aspire: timing this machine's step costs at {context} tokens, batch {batch_size} "
-                  f"(once; stored in {path})", file=sys.stderr, flush=True)
-            # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
-            # does not move it (the median of 2 is their mean, which it moves by half)
-            save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
+        path = ensure_calibration(engine, batch_size, prompt_lens, d_max)
     else:
         path = Path(calibration)
         if not path.exists():

@@ -72,6 +72,10 @@ class Policy:
         self.settings, self.page_size, self.num_layers, self.cost = settings, page_size, num_layers, cost
 
     @classmethod
+    def prepare(cls, settings, engine: Engine, batch_size: int, requests: Sequence[Request]) -> None:
+        """Before a run's first generate (Decoder.prepare): nothing by default."""
+
+    @classmethod
     def for_run(cls, settings, engine: Engine, batch_size: int, requests: Sequence[Request] = ()) -> Policy:
         return cls(settings, engine.page_size, engine.cfg.num_layers)
 
@@ -222,6 +226,11 @@ class Decoder:
     def settings(self) -> dict:
         describe = getattr(self.config, "describe", None)
         return describe() if describe else asdict(self.config)
+
+    def prepare(self, engine: Engine, batch_size: int, requests: Sequence[Request]) -> None:
+        """Called by the runner before the warm-up: whatever the policy must measure or store before
+        its runs (Policy.prepare), so that generate itself need not."""
+        self.Policy.prepare(self.config, engine, batch_size, requests)
 
     def generate(self, engine: Engine, requests: Sequence[Request], params: SamplingParams,
                  batch_size: int, progress: Callable[[int], None] | None = None) -> GenerationOutput:

@@ -142,6 +142,8 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
         for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
     p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
+    if callable(getattr(p.decoder, "prepare", None)):  # what the run needs measured first (a calibration)
+        p.decoder.prepare(engine, cfg.batch_size, reqs)
     if cfg.warmup:
         warm_up(p, show_progress)
     return p
