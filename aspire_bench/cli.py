@@ -365,9 +365,9 @@ def _csv_or_none(callback):
 @click.option("--batch-size", "batch_sizes", default=None, callback=_csv_or_none(T.csv_batch_sizes),
               help="Batch sizes, comma-separated: one cell per batch size.  [default: 1,8]")
 @hidden_alias("--batch-sizes", "batch_sizes_alias", callback=_csv_or_none(T.csv_batch_sizes))
-@click.option("--decoders", default="ar,magicdec,vegas,aspire,aspire-fixed,aspire-fsm,aspire-norefresh", show_default=True,
-              callback=T.decoder_specs,
-              help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035].")
+@click.option("--decoders", default=None, callback=lambda ctx, p, v: None if v is None else T.decoder_specs(ctx, p, v),
+              help="Decoders, each with optional settings in brackets: magicdec[budget=512],aspire[ratio=0.035] "
+                   "(default: every built-in decoder that is not an ablation).")
 @click.option("--repeat", default=3, show_default=True, type=T.POSITIVE)
 @click.option("--max-new-tokens", default=128, show_default=True, type=T.POSITIVE)
 @click.option("--sampling", default="greedy,paper", show_default=True,
@@ -417,7 +417,7 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
         if not sampling_in_range(s.temperature, s.top_k, s.top_p):
             raise click.BadParameter(f"{s.name}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1",
                                      param_hint="--sampling")
-    for name, args in decoders:
+    for name, args in decoders or ():
         get_decoder(name, **args)  # an unknown name or setting fails now, not after the cells before it
     qs = parse_percentiles(percentiles)
     check_store_path(store)  # before the compute: a bad --store must not throw the benchmark away

@@ -30,7 +30,8 @@ import torch.nn.functional as torch_F
 from aspire_bench.decoders.ar import ARPolicy
 from aspire_bench.decoders.base import Request, SamplingParams
 from aspire_bench.decoders.loop import run_step
-from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.decoders.sampler import Sampler
+from aspire_bench.decoders.state import RequestState
 from aspire_bench.engine import Engine, Row
 from aspire_bench.engine import model as model_module
 from aspire_bench.harness.records import cpu_model
@@ -170,7 +171,7 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
     for i, s in enumerate(slots):
         req = Request(id=f"r{i}", prompt_ids=[1] * context, max_new_tokens=1 << 30)
         # context_len = C + 1, so the step's row starts at position C: it attends to C + 1 positions
-        states.append(Sequence(index=i, req=req, slot=s, gen=None, out=[1 + i]))
+        states.append(RequestState(index=i, req=req, slot=s, gen=None, out=[1 + i]))
     clock = time.perf_counter
 
     def reset():
@@ -182,7 +183,7 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
         ts = []
         for _ in range(n):
             t0 = clock()
-            run_step(engine, policy, states, params, clock)
+            run_step(engine, policy, Sampler(params), states, clock)
             ts.append(clock() - t0)
         return ts
 
@@ -206,7 +207,7 @@ def run_cell(engine: Engine, context: int, batch: int, steps: int, warmup: int, 
             for _ in range(steps):
                 timers.reset()
                 t0 = clock()
-                run_step(engine, policy, states, params, clock)
+                run_step(engine, policy, Sampler(params), states, clock)
                 per_step.append(clock() - t0)
                 per_attn.append(timers.attn)
                 per_lin.append(timers.linear)

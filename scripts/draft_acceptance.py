@@ -25,7 +25,7 @@ import torch
 
 from aspire_bench import corpus
 from aspire_bench.decoders.base import SamplingParams
-from aspire_bench.decoders.common import logits_to_probs
+from aspire_bench.decoders.sampler import logits_to_probs
 from aspire_bench.decoders.selection import (
     page_budget,
     select_pages,

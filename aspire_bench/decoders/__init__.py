@@ -1,5 +1,9 @@
 """Decoders: what each schedules on the shared engine. Registry by name: the built-ins below, then
-plug-ins from other packages (entry point group `aspire_bench.decoders`, docs/adding-a-decoder.md)."""
+plug-ins from other packages (entry point group `aspire_bench.decoders`, docs/adding-a-decoder.md).
+
+A decoder is one class (a subclass of loop.Decoder); what the harness, bench, step costs and the
+simulator need to know about it are its class attributes, read through `trait`.
+"""
 from __future__ import annotations
 
 import importlib
@@ -8,65 +12,50 @@ from functools import cache
 
 from .. import plugins
 from ..errors import ConfigError, did_you_mean
-from .base import Decoder, GenerationOutput, Request, RequestResult, SamplingParams  # noqa: F401
+from .base import GenerationOutput, Request, RequestResult, SamplingParams, SupportsGenerate  # noqa: F401
 from .settings import check_for_model, check_settings, parse_value  # noqa: F401
 
-_REGISTRY = {
-    "ar": ("aspire_bench.decoders.ar", "ARDecoder", {}),
-    "magicdec": ("aspire_bench.decoders.magicdec", "MagicDecDecoder", {}),
-    "vegas": ("aspire_bench.decoders.vegas", "VegasDecoder", {}),
-    "aspire": ("aspire_bench.decoders.aspire", "AspireDecoder", {}),
-    # ablations of the paper
-    "aspire-fixed": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fixed", "gamma": 5}),
-    "aspire-fsm": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fsm"}),
-    "aspire-norefresh": ("aspire_bench.decoders.aspire", "AspireDecoder", {"refresh": False}),
-    # the paper's cost model as published: three terms, verification cost flat in the draft length
-    "aspire-papercost": ("aspire_bench.decoders.aspire", "AspireDecoder", {"cost_terms": "paper"}),
-    # an upper bound, not a decoder one could deploy: it knows the target's tokens in hindsight
-    "aspire-oracle": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "oracle"}),
+# name -> "module:class" (imported when first used)
+BUILTIN = {
+    "ar": "aspire_bench.decoders.ar:ARDecoder",
+    "magicdec": "aspire_bench.decoders.magicdec:MagicDecDecoder",
+    "vegas": "aspire_bench.decoders.vegas:VegasDecoder",
+    "aspire": "aspire_bench.decoders.aspire:AspireDecoder",
+    "aspire-fixed": "aspire_bench.decoders.aspire:AspireFixedDecoder",
+    "aspire-fsm": "aspire_bench.decoders.aspire:AspireFsmDecoder",
+    "aspire-norefresh": "aspire_bench.decoders.aspire:AspireNoRefreshDecoder",
+    "aspire-papercost": "aspire_bench.decoders.aspire:AspirePaperCostDecoder",
+    "aspire-oracle": "aspire_bench.decoders.aspire:AspireOracleDecoder",
 }
+# A trait's value for a plug-in class that does not set it.
+TRAIT_DEFAULTS = {"description": "", "baseline": False, "ablation": False, "draft_kind": None, "tune_grid": {},
+                  "simulated": False, "uses_cost_model": False}
 
 
 @cache
 def _plugins() -> dict:
-    return plugins.discover(plugins.DECODERS, _REGISTRY, "decoder")
+    return plugins.discover(plugins.DECODERS, BUILTIN, "decoder")
 
 
 def decoder_names() -> list[str]:
-    return [*_REGISTRY, *_plugins()]
+    return [*BUILTIN, *_plugins()]
 
 
-def _decoder_class(name: str) -> tuple[type, dict]:
-    if name in _REGISTRY:
-        module, cls, defaults = _REGISTRY[name]
-        return getattr(importlib.import_module(module), cls), defaults
+@cache
+def decoder_class(name: str) -> type:
+    """The class of the decoder called `name` (a built-in or a plug-in); ConfigError if none is."""
+    if name in BUILTIN:
+        module, cls = BUILTIN[name].split(":")
+        return getattr(importlib.import_module(module), cls)
     if name in _plugins():
         ep = _plugins()[name]
         klass = plugins.load(ep, "decoder")
         if not inspect.isclass(klass) or not callable(getattr(klass, "generate", None)):
             raise ConfigError(f"the decoder plug-in {name!r} of package {plugins.package_of(ep)} names "
                               f"{ep.value}, which is not a decoder class (one with a generate method)")
-        return klass, {}
+        return klass
     raise ConfigError(f"unknown decoder {name!r}{did_you_mean(name, decoder_names())}: choose one of "
                       f"{', '.join(decoder_names())}")
-
-
-# One line per built-in decoder class, until each class carries its own `description`.
-_DESCRIPTIONS = {
-    "ar": "autoregressive decoding, one token per step: the reference every speedup is over",
-    "magicdec": "self-speculation: drafts with a StreamingLLM window (sinks + recent tokens), verifies in full",
-    "vegas": "self-speculation: drafts over a token view of the context picked by attention scores",
-    "aspire": "asynchronous batched self-speculation: page-sparse drafts, per-request draft lengths "
-              "from a step-cost model",
-}
-# What a built-in variant (a decoder class run with fixed settings) changes.
-_VARIANTS = {
-    "aspire-fixed": "ASPIRE with a fixed draft length (gamma 5) instead of the cost model",
-    "aspire-fsm": "ASPIRE with draft lengths from a finite-state machine instead of the cost model",
-    "aspire-norefresh": "ASPIRE without the full-attention refresh layer in the draft",
-    "aspire-papercost": "ASPIRE with the paper's three-term cost model (verify cost flat in the draft length)",
-    "aspire-oracle": "ASPIRE knowing the target's tokens in hindsight: an upper bound, not deployable",
-}
 
 
 def describe_decoders() -> list[dict]:
@@ -74,23 +63,34 @@ def describe_decoders() -> list[dict]:
     out = []
     for name in decoder_names():
         try:
-            klass, defaults = _decoder_class(name)
+            desc = trait(name, "description")
         except ConfigError as e:  # a broken plug-in is listed with what is wrong
             out.append({"name": name, "kind": "plug-in", "description": str(e)})
             continue
-        doc = (klass.__doc__ or "").strip().splitlines()
-        own = getattr(klass, "description", None) or _DESCRIPTIONS.get(name) or (doc[0] if doc else "")
-        kind = ("plug-in" if name not in _REGISTRY else "bound" if defaults.get("policy") == "oracle"
-                else "ablation" if defaults else "decoder")
-        out.append({"name": name, "kind": kind, "description": _VARIANTS.get(name, own)})
+        kind = ("plug-in" if name not in BUILTIN else "bound" if desc.startswith("upper bound")
+                else "ablation" if trait(name, "ablation") else "decoder")
+        for prefix in ("ablation: ", "upper bound: "):  # the mark says it
+            desc = desc.removeprefix(prefix)
+        out.append({"name": name, "kind": kind, "description": desc})
     return out
 
 
-def get_decoder(name: str, **settings) -> Decoder:
-    klass, defaults = _decoder_class(name)
-    check_settings(name, klass, {**defaults, **settings})
+def trait(name: str, attr: str):
+    """One of a decoder's traits (TRAIT_DEFAULTS names them; loop.Decoder documents them)."""
+    if attr not in TRAIT_DEFAULTS:
+        raise KeyError(f"no decoder trait {attr!r}: one of {', '.join(TRAIT_DEFAULTS)}")
+    klass = decoder_class(name)
+    value = getattr(klass, attr, TRAIT_DEFAULTS[attr])
+    if attr == "description" and not value:
+        value = (inspect.getdoc(klass) or "").split("\n")[0]
+    return value
+
+
+def get_decoder(name: str, **settings) -> SupportsGenerate:
+    klass = decoder_class(name)
+    check_settings(name, klass, settings)
     try:
-        dec = klass(**{**defaults, **settings})
+        dec = klass(**settings)
     except (TypeError, ValueError) as e:  # an unknown or invalid --decoder-arg
         raise ConfigError(f"decoder {name!r}: {e}") from e
     dec.name = name

@@ -13,3 +13,4 @@ class ARPolicy(Policy):
 class ARDecoder(Decoder):
     name = "ar"
     Policy = ARPolicy
+    description = "autoregressive: one token per request per step, full attention (the reference)"

@@ -16,11 +16,12 @@ import torch
 from ..engine import PAGE_MAX_SUM, SCATTERED_HEAD, Capture, PageView
 from ..errors import ConfigError
 from .base import DRAFT, VERIFY
-from .calibration import read_calibration, run_cost_model
+from .calibration import ensure_calibration, read_calibration, run_cost_model
 from .loop import Decoder, Plan, Policy
 from .scheduler import (
     DEFAULT_COST,
     CostModel,
+    CostSample,
     RequestSchedule,
     best_gamma,
     best_gamma_priced,
@@ -72,18 +73,23 @@ class AspireState(RequestSchedule):
 
 
 class AspirePolicy(Policy):
-    def __init__(self, settings: AspireSettings, page_size: int, num_layers: int, cost: CostModel = DEFAULT_COST):
-        super().__init__(settings, page_size, num_layers)
-        self.cost = cost
+    def __init__(self, settings: AspireSettings, page_size: int, num_layers: int, cost: CostModel | None = None):
+        super().__init__(settings, page_size, num_layers, DEFAULT_COST if cost is None else cost)
         if not -num_layers <= settings.refresh_layer < num_layers:  # never wrapped around the layer count
             raise ConfigError(f"aspire refresh_layer={settings.refresh_layer} is not a layer of this model "
                               f"({num_layers} layers)")
         self.layer = settings.refresh_layer % num_layers
-        self.samples: list[tuple[float, float, float, float]] = []  # calibration=online: this run's steps
+        self.samples: list[CostSample] = []  # calibration=online: this run's steps
         # Of the scattered positions draft_kv's upper bound assumed for this run's drafts, the share the
         # engine counted (selected pages often lie side by side): the bound's factor in draft_kv.
         self.scattered_counted, self.scattered_assumed = 0, 0
         self._assumed: list[int | None] = []  # per plan of the current step: a draft's scattered bound
+
+    @classmethod
+    def prepare(cls, settings, engine, batch_size, requests):
+        """calibration=auto: this machine's calibration for the run, timed and stored now if there is none."""
+        if settings.calibration == "auto":
+            ensure_calibration(engine, batch_size, [len(r.prompt_ids) for r in requests], settings.d_max)
 
     @classmethod
     def for_run(cls, settings, engine, batch_size, requests=()):
@@ -209,6 +215,9 @@ class AspirePolicy(Policy):
         if s.policy == "fsm":  # +1 when all drafts were accepted, -1 otherwise
             st.target = max(1, min(s.d_max, st.target + (1 if accepted >= drafted else -1)))
 
+    def draft_reads(self, plan, prefix):
+        return self.draft_kv(prefix)
+
     def count_scattered(self, rows, assumed) -> None:
         """Adds the scattered positions the engine counted for a step's draft rows, and what draft_kv's
         bound assumed for each (`assumed`: per row, in plan order; None for a verify row)."""
@@ -228,7 +237,8 @@ class AspirePolicy(Policy):
         if self.settings.calibration != "online":
             return
         per_row = [(rw.n_tokens, rw.kv_read, rw.kv_sparse, rw.kv_captured) for rw in trace.rows]
-        self.samples.append((trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall, per_row))
+        self.samples.append(CostSample(trace.n_tokens, sum(r[1] for r in per_row), qk_term(per_row), trace.wall,
+                                       per_row))
         every = self.settings.online_fit_every
         if len(self.samples) >= every and len(self.samples) % every == 0:
             fit = fit_cost_model(self.samples[-256:], source="online", terms=self.settings.cost_terms)
@@ -262,3 +272,60 @@ class AspireDecoder(Decoder):
     Policy = AspirePolicy
     # The oracle policy reads Request.reference_ids: the harness must run AR first.
     needs_reference = property(lambda self: self.config.policy == "oracle")
+    description = "ASPIRE: asynchronous batched self-speculation, per-request draft lengths from a cost model"
+    draft_kind = "aspire"
+    uses_cost_model = True
+
+
+# Ablations of the paper: ASPIRE with other defaults.
+@dataclass(frozen=True)
+class _FixedSettings(AspireSettings):
+    policy: str = "fixed"
+    gamma: int = 5
+
+
+@dataclass(frozen=True)
+class _FsmSettings(AspireSettings):
+    policy: str = "fsm"
+
+
+@dataclass(frozen=True)
+class _NoRefreshSettings(AspireSettings):
+    refresh: bool = False
+
+
+@dataclass(frozen=True)
+class _PaperCostSettings(AspireSettings):
+    cost_terms: str = "paper"
+
+
+@dataclass(frozen=True)
+class _OracleSettings(AspireSettings):
+    policy: str = "oracle"
+
+
+class AspireFixedDecoder(AspireDecoder):
+    name, Settings, ablation = "aspire-fixed", _FixedSettings, True
+    description = "ablation: ASPIRE verifying after a fixed 5 drafts"
+
+
+class AspireFsmDecoder(AspireDecoder):
+    name, Settings, ablation = "aspire-fsm", _FsmSettings, True
+    description = "ablation: ASPIRE with a +1/-1 draft-length state machine instead of the cost model"
+
+
+class AspireNoRefreshDecoder(AspireDecoder):
+    name, Settings, ablation = "aspire-norefresh", _NoRefreshSettings, True
+    description = "ablation: ASPIRE without the refresh layer (the draft pages are never re-scored)"
+
+
+class AspirePaperCostDecoder(AspireDecoder):
+    """The paper's cost model as published: three terms, verification cost flat in the draft length."""
+    name, Settings, ablation = "aspire-papercost", _PaperCostSettings, True
+    description = "ablation: ASPIRE with the paper's three-term cost model"
+
+
+class AspireOracleDecoder(AspireDecoder):
+    """An upper bound, not a decoder one could deploy: it knows the target's tokens in hindsight."""
+    name, Settings, ablation, simulated = "aspire-oracle", _OracleSettings, True, False
+    description = "upper bound: ASPIRE verifying right after the first wrong draft (knows the target's tokens)"

@@ -111,7 +111,8 @@ class GenerationOutput:
     info: dict = field(default_factory=dict)  # decoder settings actually used, calibration source, ...
 
 
-class Decoder(Protocol):
+class SupportsGenerate(Protocol):
+    """What the harness calls on a decoder (loop.Decoder, the class every decoder subclasses, has it)."""
     name: str
 
     def generate(

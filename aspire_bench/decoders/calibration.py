@@ -27,11 +27,10 @@ import torch
 from ..atomic import write_text
 from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
 from ..errors import ConfigError
-from ..kernels import cpu_sampling
-from .base import PAPER_SAMPLING
-from .common import logits_to_probs, sample_from, stack_rows
+from .base import DECODE, DRAFT, PAPER_SAMPLING, VERIFY
 from .magicdec import MagicDecSettings
-from .scheduler import DEFAULT_COST, CostModel, fit_cost_model, fit_problem, qk_term
+from .sampler import Sampler, logits_to_probs
+from .scheduler import DEFAULT_COST, CostModel, CostSample, fit_cost_model, fit_problem, qk_term
 from .selection import (
     MIN_PAGES,
     PAGE_RATIO,
@@ -41,7 +40,7 @@ from .selection import (
     select_pages,
     streaming_positions,
 )
-from .speculative import accept_sampling
+from .state import RequestState
 
 # The shortest context a run's automatic calibration is timed at: shorter steps are mostly fixed cost,
 # and the grid at 4k takes seconds.
@@ -116,36 +115,23 @@ def last_level_cache_bytes(device: torch.device) -> int:
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: torch.Tensor
                ) -> tuple[float, list[tuple[int, int, int]]]:
     """(seconds, each row's KV read, the part of it scattered through a sparse view and the positions
-    whose scores it captured, as the engine reports them). A step is timed as the decoding loop
-    runs it: the forward pass, then the host work on its output, which is part of every step's cost
-    (with a compiled forward, a tenth or more of a short draft step): every row's sampling
-    distributions, a draw for each one-token row, for each verify row the rejection sampling of its
-    drafts, and for each one-token row that captured page scores the next draft's page selection
-    (ASPIRE's default budget). The sampling is one compiled call where the loop makes one
-    (kernels/cpu_sampling.py sample_step), else a batched call for the distributions and the rest row
-    by row. Its drafts are verified against stand-in draft distributions, so that some are rejected as
-    in decoding: rows of `stand_in` for the compiled call (which needs them before this step's
-    distributions exist), the row's next positions' on the per-row path; which drafts are accepted
-    differs between the two, not the work."""
+    whose scores it captured, as the engine reports them). A step is timed as the decoding loop runs
+    it: the forward pass, then the host work on its output, which is part of every step's cost: the
+    run's Sampler on every row (under the paper's sampling setting: a draw for each one-token row,
+    the rejection sampling of each verify row's drafts, against rows of `stand_in` as their draft
+    distributions, so that some are rejected as in decoding), and for each one-token row that captured
+    page scores the next draft's page selection (ASPIRE's default budget)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
-    lens = [row.n for row in rows]  # logits rows: a verify row's every token, a one-token row's one
-    us = torch.rand(sum(lens), generator=gen).tolist()  # in one call, as Sequence.uniforms draws them
-    stacked = stack_rows([lg if row.n > 1 else lg[-1:] for row, lg in zip(rows, out.logits)])
-    if cpu_sampling.step_applies(stacked, PAPER_SAMPLING.top_k):
-        qs = [stand_in[j % len(stand_in)] for n in lens for j in range(n - 1)]
-        drafts = [t for row in rows if row.n > 1 for t in row.tokens[1:]]
-        cpu_sampling.sample_step(stacked, lens, drafts, qs, us, PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k,
-                                 PAPER_SAMPLING.top_p)
-    else:
-        probs = logits_to_probs(stacked, PAPER_SAMPLING).split(lens)
-        u = iter(us)
-        for i, (row, p) in enumerate(zip(rows, probs)):
-            if row.n > 1:
-                accept_sampling(out.logits[i], list(row.tokens[1:]), [p[(j + 1) % row.n] for j in range(row.n - 1)],
-                                PAPER_SAMPLING, gen, p, [next(u) for _ in range(row.n)])
-            else:
-                sample_from(p[0], gen, next(u))
+    us = torch.rand(sum(row.n for row in rows), generator=gen).tolist()  # in one call, as a request draws them
+    states, first = [], 0
+    for row in rows:
+        drafts = list(row.tokens[1:])
+        states.append((RequestState(0, None, row.slot, gen, pending=drafts, _uniforms=us[first:first + row.n],
+                                    qs=[stand_in[j % len(stand_in)] for j in range(len(drafts))]),
+                       VERIFY if drafts else DRAFT if row.view is not None else DECODE))
+        first += row.n
+    Sampler(PAPER_SAMPLING, engine.device, engine.cfg.vocab_size).step(states, out.logits)
     for i, row in enumerate(rows):
         if row.n == 1 and row.capture is not None:
             n_pages = -(-(row.start + 1) // engine.page_size)
@@ -159,9 +145,8 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
               window: tuple[int, int] | None = WINDOW) -> dict:
     """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
 
-    Each sample is (tokens, KV positions read, sum over rows of tokens x KV read, seconds of the
-    forward pass and its host work (see _time_step), each row's (tokens, KV read, of which scattered
-    through a sparse view, positions whose scores it captured)). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
+    Each sample is a CostSample (scheduler.py): the step's seconds are those of its forward pass and
+    its host work (see _time_step). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
     that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
     is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
     Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
@@ -261,8 +246,8 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     timed = []
     for (_, rows), row_reads, times in zip(steps, reads, walls):
         per_row = [(row.n, *counts) for row, counts in zip(rows, row_reads)]
-        timed.append((sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
-                      statistics.median(times), per_row))
+        timed.append(CostSample(sum(row.n for row in rows), sum(r[1] for r in per_row), qk_term(per_row),
+                                statistics.median(times), per_row))
     for slot in slots:
         engine.free(slot)
     index = {p: j for j, p in enumerate(points)}
@@ -275,7 +260,7 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     train = [s for p, s in zip(point_of, samples) if p not in held_points]
     held = [s for p, s in zip(point_of, samples) if p in held_points] or train
     model = fit_cost_model(train, source="calibration")
-    rel = [abs(model.rows_time(s[4]) - s[3]) / s[3] for s in held]
+    rel = [abs(model.rows_time(s.rows) - s.seconds) / s.seconds for s in held]
     full = fit_cost_model(samples, source="calibration")
     return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
             "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
@@ -290,11 +275,11 @@ def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
     if not rounds:
         raise ValueError("no calibration rounds to pool")
     n = len(rounds[0]["samples"])
-    grid = [tuple(s[:3]) for s in rounds[0]["samples"]]
-    if any(len(r["samples"]) != n or [tuple(s[:3]) for s in r["samples"]] != grid for r in rounds):
+    of = [[CostSample.of(s) for s in r["samples"]] for r in rounds]
+    grid = [s[:3] for s in of[0]]
+    if any(len(r) != n or [s[:3] for s in r] != grid for r in of):
         raise ValueError("calibration rounds of different grids cannot be pooled")
-    samples = [(*first[:3], statistics.median(r["samples"][j][3] for r in rounds), first[4])
-               for j, first in enumerate(rounds[0]["samples"])]
+    samples = [first._replace(seconds=statistics.median(r[j].seconds for r in of)) for j, first in enumerate(of[0])]
     model = fit_cost_model(samples, source=source)
     return {**model.to_dict(), "rounds": len(rounds), "batch_size": rounds[0]["batch_size"],
             "context": rounds[0]["context"], "n_samples": n, "samples": samples}
@@ -365,11 +350,26 @@ def calibration_problem(data) -> str | None:
 def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> CostModel:
     """The cost model of a stored calibration: refitted from its samples (terms: see
     fit_cost_model), or its coefficients as stored when it has no samples."""
-    samples = [tuple(s) for s in calibration.get("samples") or []]
+    samples = [CostSample.of(s) for s in calibration.get("samples") or []]
     if samples:
         return fit_cost_model(samples, source=source, terms=terms)
     model = CostModel.from_dict(calibration, source)
     return model if terms == "auto" else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
+
+
+def ensure_calibration(engine: Engine, batch_size: int, prompt_lens: Sequence[int], d_max: int) -> Path:
+    """The path of this machine's stored calibration for a run (calibration_context of its prompt
+    lengths), timed and stored first when there is none (the runner does this before the warm-up)."""
+    context = calibration_context(prompt_lens, engine, d_max)
+    path = calibration_path(engine, batch_size, context)
+    if not path.exists():
+        # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
+        print(f"aspire: timing this machine's step costs at {context} tokens, batch {batch_size} "
+              f"(once; stored in {path})", file=sys.stderr, flush=True)
+        # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
+        # does not move it (the median of 2 is their mean, which it moves by half)
+        save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
+    return path
 
 
 def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine, batch_size: int,
@@ -387,15 +387,7 @@ def run_cost_model(calibration: str, cost_terms: str, d_max: int, engine: Engine
     if calibration == "online":
         return DEFAULT_COST
     if calibration == "auto":
-        context = calibration_context(prompt_lens, engine, d_max)
-        path = calibration_path(engine, batch_size, context)
-        if not path.exists():
-            # seconds to a minute before the run's first token: say why, on stderr (stdout holds results)
-            print(f"aspire: timing this machine's step costs at {context} tokens, batch {batch_size} "
-                  f"(once; stored in {path})", file=sys.stderr, flush=True)
-            # the median of 3 timings per grid point, as `aspire-bench calibrate` takes: one disturbed timing
-            # does not move it (the median of 2 is their mean, which it moves by half)
-            save_calibration(calibrate(engine, batch_size, context, repeats=3), engine, batch_size, path)
+        path = ensure_calibration(engine, batch_size, prompt_lens, d_max)
     else:
         path = Path(calibration)
     source = f"calibration:{path.name}"

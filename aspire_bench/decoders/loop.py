@@ -1,13 +1,13 @@
 """The generation loop every decoder runs, and the policy contract that makes each method small.
 
 The loop owns everything that must be the same for all methods so that their comparisons are fair:
-admission (continuous batching, equal slots), chunked prefill, sampling, acceptance (greedy or
-rejection sampling), commit rules (EOS, stop strings, max_new_tokens), KV rollback, slot release
+admission (continuous batching, equal slots), chunked prefill, sampling and acceptance (the run's
+Sampler, sampler.py), commit rules (EOS, stop strings, max_new_tokens), KV rollback, slot release
 and the step traces (each row's KV read as the engine reports it). A method is a `Policy`:
 
   policy.plan(seqs, batch) -> list[Plan]
       the rows of this step: which active sequences draft (with what view), verify or decode.
-      Sequences left out sit the step out (a synchronous policy drafts only those still short
+      Requests left out sit the step out (a synchronous policy drafts only those still short
       of gamma). Synchronous (all draft, then all verify) versus per-request scheduling is the
       policy's own choice, made here.
   policy.observe(seq, drafted, accepted)
@@ -16,27 +16,27 @@ and the step traces (each row's KV read as the engine reports it). A method is a
 and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `prefill_capture()`,
 `scores(seq, scores)` (captured attention scores of a row after it was applied), `step_done(trace)`
 and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
-run's state (cost model, cycle counters); per-request state lives in `Sequence.state`, so a policy
-can be driven without an engine (a simulator calls plan/observe/should_verify on plain sequences).
+run's state (cost model, cycle counters); per-request state lives in `RequestState.state`, so a policy
+can be driven without an engine: the simulator calls plan/observe/scores/step_done on plain requests
+and prices each planned row by `reads(plan)`. A drafter that needs no forward (an n-gram lookup)
+puts its drafts on the request in `plan` (RequestState.propose) and plans a VERIFY row.
 
-A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class; it keeps no state
-between runs, so one decoder object can generate any number of times.
+A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class and the traits the
+harness reads (class attributes); it keeps no state between runs, so one decoder object can generate
+any number of times.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ..engine import Capture, Engine, Row
-from ..engine.batch import ForwardOutput, View
+from ..engine import Capture, Engine, Row, TokenView, scattered_positions
+from ..engine.batch import View
 from ..errors import ConfigError
-from ..kernels import cpu_sampling
-from . import speculative
 from .base import (
     DECODE,
     DRAFT,
@@ -49,14 +49,15 @@ from .base import (
     SamplingParams,
     StepTrace,
 )
-from .common import logits_to_probs, sample_from, stack_rows
-from .sequence import Sequence
+from .sampler import Sampler
+from .scheduler import CostModel
+from .state import RequestState
 
 
 @dataclass
 class Plan:
     """One row of a step: a sequence and what it does (DECODE | DRAFT | VERIFY)."""
-    seq: Sequence
+    seq: RequestState
     kind: str
     view: View | list[View] = None  # DRAFT: the sparse view of the prefix (None = full)
     full_layers: frozenset[int] = frozenset()  # DRAFT: layers that attend fully despite the view
@@ -66,11 +67,16 @@ class Plan:
 class Policy:
     """Defaults for the optional hooks; see the module docstring for the contract."""
 
-    def __init__(self, settings, page_size: int, num_layers: int):
-        self.settings, self.page_size, self.num_layers = settings, page_size, num_layers
+    def __init__(self, settings, page_size: int, num_layers: int, cost: CostModel | None = None):
+        """cost: the step-cost model of the run, for a policy that decides with one (else unused)."""
+        self.settings, self.page_size, self.num_layers, self.cost = settings, page_size, num_layers, cost
 
     @classmethod
-    def for_run(cls, settings, engine: Engine, batch_size: int, requests: Seq[Request] = ()) -> Policy:
+    def prepare(cls, settings, engine: Engine, batch_size: int, requests: Sequence[Request]) -> None:
+        """Before a run's first generate (Decoder.prepare): nothing by default."""
+
+    @classmethod
+    def for_run(cls, settings, engine: Engine, batch_size: int, requests: Sequence[Request] = ()) -> Policy:
         return cls(settings, engine.page_size, engine.cfg.num_layers)
 
     def new_state(self):
@@ -80,13 +86,13 @@ class Policy:
         """Scores to capture at the last prompt token (seeds a sparse draft view)."""
         return None
 
-    def plan(self, seqs: list[Sequence], batch: int) -> list[Plan]:
+    def plan(self, seqs: list[RequestState], batch: int) -> list[Plan]:
         raise NotImplementedError
 
-    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
+    def observe(self, seq: RequestState, drafted: int, accepted: int) -> None:
         pass
 
-    def scores(self, seq: Sequence, scores: dict[int, torch.Tensor]) -> None:
+    def scores(self, seq: RequestState, scores: dict[int, torch.Tensor]) -> None:
         pass
 
     def step_done(self, trace: StepTrace) -> None:
@@ -95,22 +101,36 @@ class Policy:
     def info(self) -> dict:
         return {}
 
+    # --- what a planned row reads, without running it (the simulator prices rows with these) ---------
+    def reads(self, plan: Plan) -> tuple[int, int, int]:
+        """(KV positions read per layer, of which scattered through a sparse view, positions whose
+        scores it captures) of a planned row, as the engine counts them (ForwardOutput)."""
+        seq = plan.seq
+        n = len(seq.pending) + 1 if plan.kind == VERIFY else 1
+        prefix = seq.context_len - 1 + (0 if plan.kind == VERIFY else len(seq.pending))
+        kv, scattered = self.draft_reads(plan, prefix) if plan.kind == DRAFT else (prefix + n, 0)
+        return kv, scattered, self.captured(plan, n, prefix + n)
 
-# --- sampling, acceptance, commit: the same for every method -------------------------------------
-def sample(seq: Sequence, logits: torch.Tensor, params: SamplingParams, probs: torch.Tensor | None = None) -> int:
-    """One token from the row's last logits; `probs`: its distribution when already computed."""
-    if params.greedy:
-        tok = int(torch.argmax(logits))
-        if logits.shape[-1] > 1:
-            (v1, v2), (i1, i2) = (t.tolist() for t in torch.topk(logits, 2))
-            seq.margins.append(v1 - v2)
-            seq.runner_up.append(i2 if i2 != tok else i1)  # on an exact tie topk may list tok second
-            seq.top_logit.append(v1)
-        return tok
-    return sample_from(logits_to_probs(logits, params) if probs is None else probs, seq.gen, seq.uniforms(1)[0])
+    def draft_reads(self, plan: Plan, prefix: int) -> tuple[int, int]:
+        """(KV read, of which scattered) of a draft row over `prefix` positions, its own token included:
+        full without a view, a TokenView's positions; a policy with other views overrides this."""
+        if plan.view is None:
+            return prefix + 1, 0
+        if isinstance(plan.view, TokenView):
+            return len(plan.view.positions) + 1, scattered_positions(plan.view.positions)
+        raise NotImplementedError(f"{type(self).__name__}.draft_reads: a {type(plan.view).__name__} draft")
+
+    def captured(self, plan: Plan, n: int, kv: int) -> int:
+        """Positions whose scores a row of n tokens over kv positions captures, per layer (mean)."""
+        c = plan.capture
+        if c is None:
+            return 0
+        queries = len({q % n for q in c.queries})
+        return round(queries * kv * len(c.layers) / self.num_layers)
 
 
-def commit(seq: Sequence, tokens: Seq[int], t: float, eos: tuple[int, ...]) -> int:
+# --- commit and one step: the same for every method ------------------------------------------------
+def commit(seq: RequestState, tokens: Sequence[int], t: float, eos: tuple[int, ...]) -> int:
     """Append tokens until EOS, a stop string or max_new_tokens; returns how many were kept."""
     before = len(seq.out)
     for tok in tokens:
@@ -129,38 +149,18 @@ def commit(seq: Sequence, tokens: Seq[int], t: float, eos: tuple[int, ...]) -> i
     return len(seq.out) - before
 
 
-def take_draft(seq: Sequence, logits: torch.Tensor, params: SamplingParams, q: torch.Tensor | None = None) -> None:
-    """Sample a draft token and keep its distribution q for rejection sampling (`q`: already computed)."""
-    if params.greedy:
-        tok = int(torch.argmax(logits))
-    else:
-        q = logits_to_probs(logits, params) if q is None else q
-        seq.qs.append(q)
-        tok = sample_from(q, seq.gen, seq.uniforms(1)[0])
-    seq.pending.append(tok)
-
-
-def finish_verify(engine, seq: Sequence, logits: torch.Tensor, params: SamplingParams, t: float,
-                  probs: torch.Tensor | None = None, picked: tuple[int, int] | None = None) -> tuple[int, int, int]:
-    """Accept, roll the KV back to the exact prefix, commit a+1 tokens: (drafted, accepted, committed).
-    `probs`: the target distributions of logits when already computed; `picked`: (accepted, next token)
-    when the acceptance is already done (the step's compiled sampling)."""
-    drafts, start = seq.pending, seq.context_len - 1
-    if picked is not None:
-        a, nxt = picked
-    elif params.greedy:
-        a, nxt = speculative.accept_greedy(logits, drafts)
-    else:
-        a, nxt = speculative.accept_sampling(logits, drafts, seq.qs, params, seq.gen, probs,
-                                             seq.uniforms(len(drafts) + 1))
-    engine.rollback(seq.slot, start + a + 1)  # last committed token + accepted drafts
-    committed = commit(seq, drafts[:a] + [nxt], t, params.eos_token_ids)
-    seq.verifications.append((len(drafts), a))
+def finish_verify(engine, seq: RequestState, accepted: int, nxt: int, t: float,
+                  eos: tuple[int, ...]) -> tuple[int, int, int]:
+    """Roll the KV back to the exact prefix, commit the accepted drafts and the token after them:
+    (drafted, accepted, committed)."""
+    drafts = seq.pending
+    engine.rollback(seq.slot, seq.context_len + accepted)  # last committed token + accepted drafts
+    committed = commit(seq, drafts[:accepted] + [nxt], t, eos)
+    seq.verifications.append((len(drafts), accepted))
     seq.pending, seq.qs = [], []
-    return len(drafts), a, committed
+    return len(drafts), accepted, committed
 
 
-# --- one step ------------------------------------------------------------------------------------
 def _row(p: Plan) -> Row:
     seq = p.seq
     if p.kind == VERIFY:
@@ -170,74 +170,24 @@ def _row(p: Plan) -> Row:
                full_layers=p.full_layers, capture=p.capture)
 
 
-def _batch_probs(plans: list[Plan], logits: list[torch.Tensor], params: SamplingParams) -> dict[int, torch.Tensor]:
-    """Sampling distributions of every row of the step in one batched call: the last position of a
-    one-token row (decode, draft) as [V], every position of a verify row as [n, V]. Per row the same
-    values as a call of its own, at a fraction of the per-call cost."""
-    if params.greedy or not plans:
-        return {}
-    parts = [lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, logits)]
-    probs = logits_to_probs(stack_rows(parts), params).split([len(x) for x in parts])
-    return {i: pr if p.kind == VERIFY else pr[0] for i, (p, pr) in enumerate(zip(plans, probs))}
-
-
-def _sample_compiled(plans: list[Plan], out: ForwardOutput, params: SamplingParams
-                     ) -> list[tuple[int, int, torch.Tensor | None]] | None:
-    """Every row's sampling of the step in one compiled call (kernels/cpu_sampling.py sample_step), per
-    row (token, accepted drafts, a draft row's distribution q): a decode row's token, a draft row's
-    draft, a verify row's accepted count and the token after them. The same tokens, distributions and
-    uniforms as the per-row path (sample, take_draft, finish_verify), in one call instead of ~25 (each
-    several times its warm cost right after a forward). None where it does not apply (greedy, no
-    top-k, not fp32 on a CPU, no compiler): the per-row path then samples."""
-    if params.greedy or not plans:
-        return None
-    lens = [len(p.seq.pending) + 1 if p.kind == VERIFY else 1 for p in plans]
-    stacked = stack_rows([lg if p.kind == VERIFY else lg[-1:] for p, lg in zip(plans, out.logits)])
-    if not cpu_sampling.step_applies(stacked, params.top_k):
-        return None
-    drafts, qs, us = [], [], []
-    for p, n in zip(plans, lens):
-        us += p.seq.uniforms(n)
-        if n > 1:
-            drafts += p.seq.pending
-            qs += p.seq.qs
-    probs, tokens, accepted = cpu_sampling.sample_step(stacked, lens, drafts, qs, us, params.temperature,
-                                                       params.top_k, params.top_p)
-    rows = probs.unbind()  # every row's view in one call
-    picks, first = [], 0
-    for p, n, tok, a in zip(plans, lens, tokens, accepted):
-        picks.append((tok, a, rows[first] if p.kind == DRAFT else None))
-        first += n
-    return picks
-
-
-def run_step(engine: Engine, policy: Policy, seqs: list[Sequence], params: SamplingParams, clock) -> StepTrace:
-    """One engine forward over the policy's plan for the active sequences, applied."""
+def run_step(engine: Engine, policy: Policy, sampler: Sampler, seqs: list[RequestState], clock) -> StepTrace:
+    """One engine forward over the policy's plan for the active sequences, sampled and applied."""
     t0 = clock()
     plans = policy.plan(seqs, len(seqs))
     out = engine.forward([_row(p) for p in plans])
-    picks = _sample_compiled(plans, out, params)
-    if picks is None:  # the per-row path: decode rows sampled here, drafts and verifications below
-        probs = _batch_probs(plans, out.logits, params)
-        toks = {i: sample(p.seq, lg[-1], params, probs.get(i)) for i, (p, lg) in enumerate(zip(plans, out.logits))
-                if p.kind == DECODE}
+    picks = sampler.step([(p.seq, p.kind) for p in plans], out.logits)
     t1 = clock()
+    eos = sampler.params.eos_token_ids
     trace = StepTrace(0, t0, t1)
-    for i, (p, lg) in enumerate(zip(plans, out.logits, strict=True)):
+    for i, (p, (tok, a)) in enumerate(zip(plans, picks, strict=True)):
         seq, reads = p.seq, {"kv_read": out.kv_read[i], "kv_sparse": out.kv_sparse[i], "kv_captured": out.kv_captured[i]}
         if p.kind == DECODE:
-            tok = toks[i] if picks is None else picks[i][0]
-            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, params.eos_token_ids), **reads)
+            rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, eos), **reads)
         elif p.kind == DRAFT:
-            if picks is None:
-                take_draft(seq, lg[-1], params, probs.get(i))
-            else:
-                seq.pending.append(picks[i][0])
-                seq.qs.append(picks[i][2])
+            seq.pending.append(tok)
             rt = RowTrace(seq.req.id, DRAFT, 1, 0, **reads)
         else:
-            d, a, n = (finish_verify(engine, seq, lg, params, t1, probs.get(i)) if picks is None else
-                       finish_verify(engine, seq, lg, params, t1, picked=(picks[i][1], picks[i][0])))
+            d, a, n = finish_verify(engine, seq, a, tok, t1, eos)
             policy.observe(seq, d, a)
             rt = RowTrace(seq.req.id, VERIFY, d + 1, n, drafted=d, accepted=a, **reads)
         trace.rows.append(rt)
@@ -255,12 +205,20 @@ class NoSettings:
 
 
 class Decoder:
-    """Settings + a policy class. Subclasses set `name`, `Settings` and `Policy`."""
+    """Settings + a policy class, and the traits the harness, bench, step costs and simulator read
+    (through decoders.trait, which gives a plug-in that sets none the defaults below)."""
 
     name = "base"
     Settings: type = NoSettings
     Policy: type = Policy
     needs_reference = False  # True: the harness runs AR first and sets Request.reference_ids
+    description = ""  # one line: `aspire-bench decoders`
+    baseline = False  # a published method the others are compared with ("x best baseline")
+    ablation = False  # a variant of another decoder, run by name only (not in bench's default set)
+    draft_kind: str | None = None  # the draft row step costs time and the simulator prices (None: no drafts)
+    tune_grid: dict[str, tuple] = {}  # bench's tuned row: settings -> values tried ({}: not tuned)
+    simulated = True  # `aspire-bench simulate` can model it (its policy runs without an engine)
+    uses_cost_model = False  # its policy decides with the step-cost model (Policy.cost)
 
     def __init__(self, **settings):
         self.config = self.Settings(**settings)
@@ -269,12 +227,18 @@ class Decoder:
         describe = getattr(self.config, "describe", None)
         return describe() if describe else asdict(self.config)
 
-    def generate(self, engine: Engine, requests: Seq[Request], params: SamplingParams,
+    def prepare(self, engine: Engine, batch_size: int, requests: Sequence[Request]) -> None:
+        """Called by the runner before the warm-up: whatever the policy must measure or store before
+        its runs (Policy.prepare), so that generate itself need not."""
+        self.Policy.prepare(self.config, engine, batch_size, requests)
+
+    def generate(self, engine: Engine, requests: Sequence[Request], params: SamplingParams,
                  batch_size: int, progress: Callable[[int], None] | None = None) -> GenerationOutput:
         if batch_size < 1:
             raise ConfigError("--batch-size must be at least 1")
         _check(engine, requests)
         policy = self.Policy.for_run(self.config, engine, batch_size, requests)
+        sampler = Sampler(params, engine.device, engine.cfg.vocab_size)
         # Equal slots of the longest request's size: any freed slot fits any waiting request, so
         # continuous batching never fragments the pool.
         ps = engine.page_size
@@ -283,14 +247,14 @@ class Decoder:
         clock = time.perf_counter
         t_start = clock()
         waiting = deque(enumerate(requests))
-        active: list[Sequence] = []
-        done: dict[int, Sequence] = {}
+        active: list[RequestState] = []
+        done: dict[int, RequestState] = {}
         steps: list[StepTrace] = []
         while waiting or active:
             wave = []
             while waiting and len(active) < batch_size:
                 i, req = waiting.popleft()
-                seq = _admit(engine, policy, slot_size, i, req, params, clock, steps)
+                seq = _admit(engine, policy, sampler, slot_size, i, req, clock, steps)
                 wave.append(seq)
                 if progress:
                     progress(len(seq.out))
@@ -309,7 +273,7 @@ class Decoder:
             if not active:
                 continue
             before = sum(len(s.out) for s in active)
-            trace = run_step(engine, policy, active, params, clock)
+            trace = run_step(engine, policy, sampler, active, clock)
             trace.index = len(steps)
             steps.append(trace)
             if progress:
@@ -324,7 +288,7 @@ class Decoder:
                                 info={"decoder": self.name, **self.settings(), **policy.info()})
 
 
-def _result(seq: Sequence, t_start: float) -> RequestResult:
+def _result(seq: RequestState, t_start: float) -> RequestResult:
     extra = dict(seq.extra)
     if seq.margins:
         extra["margins"] = seq.margins[:len(seq.out)]
@@ -335,12 +299,12 @@ def _result(seq: Sequence, t_start: float) -> RequestResult:
                          verifications=seq.verifications, extra=extra)
 
 
-def _notify(seq: Sequence) -> None:
+def _notify(seq: RequestState) -> None:
     if seq.req.on_finish is not None:
         seq.req.on_finish(list(seq.out), seq.finish)
 
 
-def _check(engine: Engine, requests: Seq[Request]) -> None:
+def _check(engine: Engine, requests: Sequence[Request]) -> None:
     for r in requests:
         need = len(r.prompt_ids) + r.max_new_tokens
         if not r.prompt_ids:
@@ -357,14 +321,14 @@ def _check(engine: Engine, requests: Seq[Request]) -> None:
                 "(--context-len) or lower --max-new-tokens")
 
 
-def _admit(engine: Engine, policy: Policy, slot_size: int, i: int, req: Request, params: SamplingParams,
-           clock, steps: list[StepTrace]) -> Sequence:
+def _admit(engine: Engine, policy: Policy, sampler: Sampler, slot_size: int, i: int, req: Request,
+           clock, steps: list[StepTrace]) -> RequestState:
     slot = engine.alloc(slot_size)
-    gen = None
+    gen, params = None, sampler.params
     if not params.greedy:
         gen = torch.Generator(device=engine.device)
         gen.manual_seed(params.seed * 1_000_003 + i)  # per request: independent of batch order
-    seq = Sequence(index=i, req=req, slot=slot, gen=gen, t_prefill_start=clock(), state=policy.new_state())
+    seq = RequestState(index=i, req=req, slot=slot, gen=gen, t_prefill_start=clock(), state=policy.new_state())
     ids = req.prompt_ids
     capture = policy.prefill_capture()
     chunk = engine.prefill_chunk
@@ -385,7 +349,7 @@ def _admit(engine: Engine, policy: Policy, slot_size: int, i: int, req: Request,
                   capture=Capture(capture.layers, (end - start - 1,), capture.reduce) if last and capture
                   else None)
         out = engine.forward([row])
-        tok = sample(seq, out.logits[0][-1], params) if last else None
+        tok = sampler.sample(seq, out.logits[0][-1]) if last else None
         t1 = clock()
         committed = commit(seq, [tok], t1, params.eos_token_ids) if last else 0
         steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,

@@ -43,3 +43,7 @@ class MagicDecDecoder(Decoder):
     name = "magicdec"
     Settings = MagicDecSettings
     Policy = MagicDecPolicy
+    description = "MagicDec: StreamingLLM self-speculation (sinks + recent window), fixed gamma, synchronous"
+    baseline = True
+    draft_kind = "window"
+    tune_grid = {"gamma": (1, 2, 3, 4)}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import combinations
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,6 +92,26 @@ def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,
         return alpha if alpha0 is None else omega * alpha + (1.0 - omega) * alpha0
     hat = 1.0 if accepted >= drafted else accepted / min(accepted + 1, drafted)
     return omega * alpha + (1.0 - omega) * hat
+
+
+class CostSample(NamedTuple):
+    """One timed step, what the cost model is fitted on: its tokens, KV positions read (summed over
+    rows), the query x KV term (qk_term), its seconds, and each row's (tokens, KV read[, of which
+    scattered[, captured]]) (None in calibrations stored before rows were kept)."""
+    tokens: float
+    kv_read: float
+    qk: float
+    seconds: float
+    rows: list | None = None
+
+    @classmethod
+    def of(cls, sample) -> CostSample:
+        """A sample as stored: (tokens, kv, qk, seconds, rows), or the older (tokens, kv, qk, seconds)
+        and (tokens, kv, seconds)."""
+        s = tuple(sample)
+        if len(s) == 3:
+            return cls(s[0], s[1], 0.0, s[2])
+        return cls(*s[:4], [tuple(r) for r in s[4]] if len(s) > 4 and s[4] is not None else None)
 
 
 @dataclass
@@ -240,11 +261,9 @@ def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return full, tfull, (1.0 - sse / ss_tot if ss_tot > 0 else None)
 
 
-def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto", without=()) -> CostModel:
-    """Non-negative least squares on (n_tokens, kv_read, qk, seconds, rows) samples, rows being each
-    row's (tokens, KV read[, of which scattered through views[, captured]]); older samples without rows,
-    (n_tokens, kv_read, qk, seconds) or (n_tokens, kv_read, seconds), fit qk_free = 0 and no sparse
-    term. A term that would fit below zero is held at 0.
+def fit_cost_model(samples: list, source: str = "fit", terms: str = "auto", without=()) -> CostModel:
+    """Non-negative least squares on CostSamples (or tuples as stored, CostSample.of); samples without
+    rows fit qk_free = 0 and no sparse term. A term that would fit below zero is held at 0.
 
     terms="paper": the paper's three terms. terms="auto": also the query x KV term (for each
     candidate qk_free when the samples have rows), with or without the multi-query term at the same
@@ -258,14 +277,14 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
     if set(without) - set(EXTRA_TERMS):
         raise ValueError(f"terms that can be left out are {', '.join(EXTRA_TERMS)}, not {sorted(set(without))}")
-    norm = [tuple(s) if len(s) >= 4 else (s[0], s[1], 0.0, s[2]) for s in samples]
-    y = np.array([s[3] for s in norm])
-    base = np.array([[1.0, s[0], s[1]] for s in norm])
-    with_rows = all(len(s) == 5 for s in norm)
+    norm = [CostSample.of(s) for s in samples]
+    y = np.array([s.seconds for s in norm])
+    base = np.array([[1.0, s.tokens, s.kv_read] for s in norm])
+    with_rows = all(s.rows is not None for s in norm)
     # (qk_free, sparse column, capture column, multi-query term) of each candidate fit
     if terms == "auto":
         def optional(term, name):
-            col = np.array([term(s[4]) for s in norm]) if with_rows else np.zeros(len(norm))
+            col = np.array([term(s.rows) for s in norm]) if with_rows else np.zeros(len(norm))
             return [None] + ([col] if col.std() > 0 and name not in without else [])
         frees = [None] if "beta_qk" in without else [None, *(QK_FREE if with_rows else (0,))]
         multis = (False,) if "beta_multi" in without else (False, True)
@@ -278,12 +297,12 @@ def fit_cost_model(samples: list[tuple], source: str = "fit", terms: str = "auto
     for free, sp, cap, multi in extras:
         named = []  # (coefficient, column) beyond the three base terms
         if free is not None:
-            q = np.array([qk_term(s[4], free) if with_rows else s[2] for s in norm])
+            q = np.array([qk_term(s.rows, free) if with_rows else s.qk for s in norm])
             if q.std() == 0:
                 continue
             named.append(("beta_qk", q))
         if multi:
-            m = np.array([multi_term(s[4], free) for s in norm])
+            m = np.array([multi_term(s.rows, free) for s in norm])
             if m.std() == 0:
                 continue
             named.append(("beta_multi", m))

@@ -22,7 +22,7 @@ RANGES: dict[str, dict] = {
     "gamma": {GE: 0}, "gamma_init": {GE: 0}, "d_max": {GE: 1},
     "ratio": {GT: 0, "le": 1}, "omega": {GT: 0, "le": 1}, "alpha0": {GE: 0, "le": 1},
     "min_pages": {GE: 1}, "recent_pages": {GE: 0}, "min_tokens": {GE: 1},
-    "budget": {GE: 1}, "sinks": {GE: 0}, "online_fit_every": {GE: 1},
+    "budget": {GE: 1}, "sinks": {GE: 0}, "online_fit_every": {GE: 1}, "window": {GE: 1},
 }
 
 

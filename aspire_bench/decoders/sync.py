@@ -8,10 +8,10 @@ from ..engine import Capture
 from ..engine.batch import View
 from .base import DRAFT, VERIFY
 from .loop import Plan
-from .sequence import Sequence
+from .state import RequestState
 
 
-def lockstep(seqs: list[Sequence], gamma: int, cycle: int, view: Callable[[Sequence, int], View | list[View]],
+def lockstep(seqs: list[RequestState], gamma: int, cycle: int, view: Callable[[RequestState, int], View | list[View]],
              capture: Capture | None = None) -> tuple[list[Plan], int]:
     """(this step's plan, the next cycle count). Draft steps while `cycle` < gamma for the sequences
     still short of gamma drafts (never past max_new_tokens); then every sequence verifies.
@@ -22,6 +22,6 @@ def lockstep(seqs: list[Sequence], gamma: int, cycle: int, view: Callable[[Seque
     return [Plan(s, VERIFY, capture=capture) for s in seqs], 0
 
 
-def record_gamma(seq: Sequence, drafted: int) -> None:
+def record_gamma(seq: RequestState, drafted: int) -> None:
     """A fixed-gamma policy's view of a verification, for replay (RequestResult.extra["schedule"])."""
     seq.extra.setdefault("schedule", []).append({"gamma": drafted})

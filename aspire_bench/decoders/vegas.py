@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import TOKEN_MEAN, Capture, LayerTokenView
+from ..engine import SCATTERED_HEAD, TOKEN_MEAN, Capture, LayerTokenView
 from .loop import Decoder, Policy
 from .selection import token_budget, top_tokens
 from .sync import lockstep, record_gamma
@@ -43,10 +43,11 @@ class VegasPolicy(Policy):
         return plan
 
     def scores(self, seq, scores):
-        """Per-layer selection over [0, length), the KV that stays valid after the rollback."""
+        """Per-layer selection over [0, length), the KV that stays valid after the rollback. Without
+        scores (a simulation has none) only the length is kept: draft_reads needs no more."""
         length = seq.context_len - 1
         k = token_budget(length, self.settings.ratio, self.settings.min_tokens)
-        if k >= length:  # every token fits the budget: full attention, no selection to make
+        if k >= length or not scores:  # every token fits the budget: full attention, no selection to make
             seq.state = (length, None)
             return
         stacked = torch.stack([scores[li][:length] for li in range(self.num_layers)])
@@ -62,8 +63,25 @@ class VegasPolicy(Policy):
     def observe(self, seq, drafted, accepted):
         record_gamma(seq, drafted)
 
+    def draft_reads(self, plan, prefix):
+        """The top-k tokens taken as scattered, the tokens since the selection as one run: where selected
+        tokens come together in long runs the engine counts fewer (an upper bound)."""
+        length = plan.seq.state[0]
+        k = token_budget(length, self.settings.ratio, self.settings.min_tokens)
+        if k >= length:
+            return prefix + 1, 0
+        since = prefix - length
+        return k + since + 1, k + min(since, SCATTERED_HEAD)
+
+    def captured(self, plan, n, kv):
+        return 0 if plan.capture is None else len({q % n for q in plan.capture.queries}) * kv  # every layer
+
 
 class VegasDecoder(Decoder):
     name = "vegas"
     Settings = VegasSettings
     Policy = VegasPolicy
+    description = "Vegas: verification-guided top-k token views per layer, fixed gamma, synchronous"
+    baseline = True
+    draft_kind = "vegas"
+    tune_grid = {"gamma": (1, 2, 3, 4, 6)}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..decoders import check_for_model, get_decoder
+from ..decoders import BUILTIN, check_for_model, get_decoder, trait
 from ..decoders.base import PAPER_SAMPLING, GenerationOutput
 from ..decoders.calibration import calibrate, pooled_calibration
 from ..errors import ConfigError
@@ -35,12 +35,10 @@ from . import metrics, records
 from .generation import generate
 from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, prepare, traced_repeat
-from .step_costs import DRAFT_KIND, measure_cell
+from .step_costs import TIMED_DRAFTS, measure_cell
 from .store import save_record
-from .tuning import TUNE_GRIDS
+from .tuning import tuned_settings
 
-DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
-BASELINES = ("magicdec", "vegas")
 # Named sampling settings: greedy is the parity setting, "paper" the ASPIRE paper's sampling setting.
 SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k, PAPER_SAMPLING.top_p)}
 # Requests per cell by default: more than one batch, so continuous batching refills slots and the
@@ -165,10 +163,10 @@ class BenchRow:
 
     @property
     def label(self) -> str:
-        g = self.settings.get("gamma")
         given = f"({', '.join(f'{k}={v}' for k, v in self.given.items())})" if self.given else ""  # as the leaderboard
-        return self.decoder + given + (" tuned" if self.tuned else "") + (
-            f" γ={g}" if g is not None and self.decoder in TUNE_GRIDS and "gamma" not in self.given else "")
+        tuned = [k for k in tuned_settings(self.decoder, self.given) if self.settings.get(k) is not None]
+        shown = "".join(f" {'γ' if k == 'gamma' else k}={self.settings[k]}" for k in tuned)
+        return self.decoder + given + (" tuned" if self.tuned else "") + shown
 
     def to_json(self) -> dict:
         """One row of `bench --json` (the contract: docs/metrics.md#bench-json)."""
@@ -179,13 +177,14 @@ class BenchRow:
 
 
 def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "16k", "32k"), batch_sizes=(1, 8),
-          decoders=DECODERS, repeat: int = 3, max_new_tokens: int = 128,
+          decoders=None, repeat: int = 3, max_new_tokens: int = 128,
           samplings=(Sampling(*SAMPLINGS["greedy"]),), seed: int = 0, limit: int | None = None, store: str | None = None,
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
           show_progress: bool = True, tune: bool = True, percentiles=metrics.DEFAULT_PERCENTILES,
           bound: bool = True, parity_tolerance: float | None = None,
           calibration_rounds: bool = True, rounds: int = MIN_ROUNDS, name: str = "bench") -> tuple[list[BenchRow], float]:
-    """limit: requests per cell (default max(MIN_REQUESTS, batch size)); tune: add a tuned row per baseline;
+    """decoders: names or (name, settings) (default: default_decoders()); limit: requests per cell (default
+    max(MIN_REQUESTS, batch size)); tune: add a tuned row per decoder with a tune_grid;
     rounds: how many rounds (repeats x slices of the requests) each cell aims for (slices()); name: the
     runs' sweep name (what the leaderboard calls their group, e.g. "demo");
     bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
@@ -193,6 +192,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
     check_tolerance(parity_tolerance)
     metrics.check_percentiles(percentiles)
+    decoders = default_decoders() if decoders is None else decoders
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)
@@ -256,6 +256,11 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
     return rows, bandwidth
 
 
+def default_decoders() -> list[str]:
+    """bench's decoders when none are named: every built-in decoder that is not an ablation."""
+    return [name for name in BUILTIN if not trait(name, "ablation")]
+
+
 def decoder_spec(d) -> tuple[str, tuple]:
     """A --decoders item, a name or (name, settings), as a hashable (name, sorted settings items)."""
     name, args = (d, {}) if isinstance(d, str) else d
@@ -263,13 +268,13 @@ def decoder_spec(d) -> tuple[str, tuple]:
 
 
 def _entries(decoders, tune: bool) -> list[tuple[str, tuple, bool]]:
-    """(decoder, settings, tuned) in run order: each tunable baseline's tuned row right after its
-    untuned row, unless its settings fix gamma."""
+    """(decoder, settings, tuned) in run order: each tunable decoder's tuned row right after its
+    untuned row, unless its settings fix every setting its grid tunes."""
     out = []
     for d in decoders:
         name, args = decoder_spec(d)
         out.append((name, args, False))
-        if tune and name in TUNE_GRIDS and "gamma" not in dict(args):
+        if tune and tuned_settings(name, dict(args)):
             out.append((name, args, True))
     return out
 
@@ -375,7 +380,7 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
     """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
     drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
-    kinds = {DRAFT_KIND[r.decoder] for r in rows if r.decoder in DRAFT_KIND}
+    kinds = {trait(r.decoder, "draft_kind") for r in rows} & set(TIMED_DRAFTS)
     if not drafted or not kinds:
         return None
     context, _ = parse_bucket(cell.context_len)
@@ -401,7 +406,7 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
         if ar is not None:
             f["speedup_vs_ar"] = metrics.ratio(samples[id(r)], samples[id(ar)])
             f["speedup_vs_ar_ci95"] = _ci(samples[id(r)], samples[id(ar)], blocks)
-    baselines = [r for r in rows if r.decoder in BASELINES]
+    baselines = [r for r in rows if trait(r.decoder, "baseline")]
     best = max(baselines, key=lambda r: metrics.ratio(samples[id(r)], samples[id(ar or r)]) or 0.0, default=None)
     for r in rows:
         f = r.figures
@@ -413,9 +418,10 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
             f["speedup_vs_best_baseline_ci95"] = _ci(samples[id(r)], samples[id(best)], blocks)
         f["allowed_speedup"] = f["bound_share"] = None
         # the cell's step costs are those of each decoder's default view: none for a row given settings
-        if spec and costs is not None and r.decoder in DRAFT_KIND and not r.given:
+        kind = trait(r.decoder, "draft_kind")
+        if spec and costs is not None and f"c_{kind}" in costs and not r.given:
             allowed = metrics.allowed_speedup([tuple(v) for v in r.record.info.get("verifications", [])],
-                                              costs[f"c_{DRAFT_KIND[r.decoder]}"], costs["v_by_gamma"])
+                                              costs[f"c_{kind}"], costs["v_by_gamma"])
             f["allowed_speedup"] = allowed
             if allowed and f["speedup_vs_ar"] is not None:
                 f["bound_share"] = f["speedup_vs_ar"] / allowed

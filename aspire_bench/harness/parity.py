@@ -7,7 +7,7 @@ Definitions and the choice of default tolerances: docs/metrics.md#exactness-pari
 Why AR's own record is the teacher-forced reference: up to the first divergence j the two outputs are
 equal, so AR's logits at j were computed on exactly the speculative output's prefix (prompt + the j
 shared tokens). AR records, per position, its top-1 logit, its runner-up token and the top-1/top-2
-margin (decoders/common.py), which is all the classification needs: no extra forward pass.
+margin (decoders/sampler.py), which is all the classification needs: no extra forward pass.
 """
 from __future__ import annotations
 

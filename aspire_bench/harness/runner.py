@@ -46,7 +46,7 @@ class RunConfig:
     # Under sampling, ignore EOS (as ignore_eos) so every decoder of a group does the same work; task
     # scores still come from the text up to the first EOS. False marks the group "unequal work".
     equal_work: bool = True
-    # Baselines with a draft length (TUNE_GRIDS): pick gamma on separate tuning requests first.
+    # Decoders with a tune_grid (e.g. a baseline's draft length): pick those settings on separate tuning requests first.
     tune: bool = False
     # Prefill each distinct prompt once per process and copy its KV in afterwards (decode figures
     # exclude prefill; TTFT then measures a copy, not a prefill). For demos and side-by-side sweeps.
@@ -119,7 +119,7 @@ class Prepared:
     samples: list
     reqs: list
     params: SamplingParams
-    decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned gamma
+    decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned settings
     reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
     decoder: object = None  # built once from decoder_args; warm-up and every repeat run it
     info: dict = field(default_factory=dict)  # tuning results, kept with the record
@@ -148,7 +148,7 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
     if cfg.tune:
         from .tuning import tune
         p.info["tuning"] = tune(cfg, engine, reqs, params, show_progress)
-        p.decoder_args["gamma"] = p.info["tuning"]["gamma"]
+        p.decoder_args.update(p.info["tuning"]["settings"])
     if getattr(probe, "needs_reference", False):  # oracle: the target's greedy tokens, known in hindsight
         if not params.greedy:
             raise ConfigError(f"{cfg.decoder} knows the target's tokens only under greedy decoding: "
@@ -157,6 +157,8 @@ def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = 
         for r, a in zip(reqs, p.reference.results):
             r.reference_ids = a.output_ids
     p.decoder = probe if p.decoder_args == cfg.decoder_args else get_decoder(cfg.decoder, **p.decoder_args)
+    if callable(getattr(p.decoder, "prepare", None)):  # what the run needs measured first (a calibration)
+        p.decoder.prepare(engine, cfg.batch_size, reqs)
     if cfg.warmup:
         warm_up(p, show_progress)
     return p

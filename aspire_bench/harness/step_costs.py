@@ -11,12 +11,14 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   ar       1 token, full attention over C positions
   aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
            refresh layer (num_layers - 2), which attends fully and returns page scores
-  window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
-  vegas    1 token, a Vegas-sized token view (5% of C, at least 256 positions), only when asked
+  window   1 token, MagicDec's StreamingLLM draft view at its default sinks and budget
+  vegas    1 token, a token view of Vegas's default budget (its ratio of C, at least its min_tokens),
+           only when asked
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
-paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end.
+paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end. A decoder's
+`draft_kind` trait names the kind its draft rows resemble (c_<kind>); a kind not timed here has no c.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import time
 
 import torch
 
+from ..decoders import decoder_class
 from ..decoders.selection import (
     MIN_PAGES,
     PAGE_RATIO,
@@ -34,14 +37,12 @@ from ..decoders.selection import (
     page_budget,
     random_pages,
     streaming_positions,
+    token_budget,
 )
 from ..engine import Capture, Engine, PageView, Row, TokenView
 
 KINDS = ("weights", "ar", "aspire", "window", "verify")
-# Draft cost c of each speculative decoder: which measured kind its draft rows resemble.
-DRAFT_KIND = {"magicdec": "window", "vegas": "vegas", "aspire": "aspire", "aspire-fixed": "aspire",
-              "aspire-fsm": "aspire", "aspire-norefresh": "aspire", "aspire-papercost": "aspire",
-              "aspire-oracle": "aspire"}
+TIMED_DRAFTS = ("aspire", "window", "vegas")  # the draft rows a Cell builds (c_<kind>)
 
 
 class Cell:
@@ -60,11 +61,14 @@ class Cell:
         budget, recent = page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES
         g = torch.Generator().manual_seed(seed)
         self.pages = [random_pages(n_pages, budget, recent, g) for _ in self.slots]
-        self.window = streaming_positions(context, 16, 256)
-        n_vegas = min(context, max(256, int(0.05 * context)))
+        window = decoder_class("magicdec").Settings()  # the decoders' own defaults
+        self.window = streaming_positions(context, window.sinks, window.budget)
+        vegas = decoder_class("vegas").Settings()
+        n_vegas = token_budget(context, vegas.ratio, vegas.min_tokens)
         self.vegas = torch.randperm(context, generator=g)[:n_vegas].sort().values
         self.refresh = engine.cfg.num_layers - 2
-        self.kv_positions = {"weights": 0, "ar": context, "verify": context, "window": 256, "vegas": n_vegas,
+        self.kv_positions = {"weights": 0, "ar": context, "verify": context, "window": min(context, window.budget),
+                             "vegas": n_vegas,
                              "aspire": budget * ps * (engine.cfg.num_layers - 1) / engine.cfg.num_layers
                              + context / engine.cfg.num_layers}
 
@@ -178,7 +182,7 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
         ms = {key: t * 1e3 for key, t in timed_interleaved(fns, repeats, sync).items()}
         res["ms"] = {kind: ms[kind] for kind in kinds}
         ar = res["ms"]["ar"]
-        for kind in ("aspire", "window", "vegas"):
+        for kind in TIMED_DRAFTS:
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
         res["v"] = res["ms"]["verify"] / ar

@@ -21,7 +21,7 @@ from .parity import check_tolerance
 from .records import RunRecord
 from .runner import RunConfig
 from .store import Store, write_recovery
-from .tuning import TUNE_GRIDS
+from .tuning import tuned_settings
 
 TOP_KEYS = {"name", "models", "decoders", "tasks", "contexts", "batch_sizes", "max_new_tokens", "sampling",
             "limit", "repeats", "parity", "parity_tolerance", "warmup", "prefix_cache", "dtype", "device",
@@ -84,7 +84,7 @@ def expand(spec: dict, default_name: str = "sweep", where: str = "the sweep") ->
                     model_cfg.pop("rope_scaling", None)
                 cfg = RunConfig(**{**base, **model_cfg}, decoder=dec, decoder_args=dec_args, task=task["name"],
                                 data=task["data"], limit=task["limit"], context_len=context, batch_size=batch,
-                                max_new_tokens=max_new, tune=tune and dec in TUNE_GRIDS, **sampling)
+                                max_new_tokens=max_new, tune=tune and bool(tuned_settings(dec, dec_args)), **sampling)
                 cell = Cell(len(cells), cfg, _group_key(name, cfg))
                 if cell.config_hash in seen:
                     raise ConfigError(f"the sweep lists the same cell twice ({cell.label()}): "

@@ -1,9 +1,9 @@
 """Compiled host work of a decoding step on the CPU (csrc/cpu_sampling.cpp), built and loaded like the
-other kernels (cpu_build): top-k sampling distributions and draws, which decoders/common.py uses for
+other kernels (cpu_build): top-k sampling distributions and draws, which decoders/sampler.py uses for
 fp32 tensors on a CPU (the distributions when top-k is on), a whole step's sampling and acceptance,
-which decoders/loop.py uses, and ASPIRE's page selection, which decoders/selection.py uses. Where the
+which the Sampler uses too, and ASPIRE's page selection, which decoders/selection.py uses. Where the
 library cannot be built (no compiler) their callers use the torch / numpy ops, or for a step's sampling
-the loop's per-row path: the same distributions, the same draws, the same pages.
+the Sampler's per-row path: the same distributions, the same draws, the same pages.
 """
 from __future__ import annotations
 

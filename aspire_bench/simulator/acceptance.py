@@ -57,12 +57,16 @@ class ReplayAcceptance:
 
 
 class ParametricAcceptance:
-    def __init__(self, table: dict[str, list[tuple[float, float]]], kind: str, seed: int = 0):
+    def __init__(self, table: dict[str, list[tuple[float, float]]], kind: str | list[str], seed: int = 0):
+        """kind: the table's key, or keys to try in order (simulator.policies.acceptance_keys); then `*`."""
         self.table = {k: sorted((float(c), float(a)) for c, a in v) for k, v in table.items()}
-        self.kind, self.seed = kind, seed
-        self.points = self.table.get(kind) or self.table.get("*")
+        keys = [kind] if isinstance(kind, str) else list(kind)
+        self.kind = next((k for k in keys if k in self.table), keys[0])
+        self.seed = seed
+        self.points = self.table.get(self.kind) or self.table.get("*")
         if not self.points:
-            raise UserError(f"the acceptance table has no entry for {kind!r} drafts (nor '*'): add one")
+            raise UserError(f"the acceptance table has no entry for {' or '.join(map(repr, keys))} drafts "
+                            "(nor '*'): add one")
         self.rngs: dict[str, random.Random] = {}
 
     def alpha(self, context: float) -> float:
@@ -97,7 +101,7 @@ def alpha_mle(verifications) -> float | None:
 
 def parse_alpha(spec: str | None) -> dict[str, list[tuple[float, float]]]:
     """--alpha: a number for every draft kind, `kind=alpha,...`, or a JSON file
-    {kind: [[context, alpha], ...]} (kinds: aspire, magicdec, vegas, or * for any)."""
+    {kind: [[context, alpha], ...]} (keys: a decoder name such as aspire, magicdec, vegas, a draft kind, or * for any)."""
     if spec is None:
         raise UserError("a parametric simulation needs --alpha (a number, kind=alpha pairs or a JSON table)")
     path = Path(spec)

@@ -60,8 +60,9 @@ def _batches(ctx, param, value):
 @click.option("--dtype", default=None, type=click.Choice(["bfloat16", "float16", "float32"]),
               help="Weights and KV dtype for the roofline (default: the dtype a stored run ran in, else the "
                    "shape's torch_dtype).")
-@click.option("--decoders", default="ar,magicdec,vegas,aspire", show_default=True, callback=csv_list,
-              help="Parametric mode: the decoders to simulate.")
+@click.option("--decoders", default=None, callback=lambda c, p, v: csv_list(c, p, v) if v else None,
+              help="Parametric mode: the decoders to simulate (default: every built-in decoder that is not an "
+                   "ablation and can be simulated).")
 @click.option("--context-len", "contexts", default=None, callback=_contexts,
               help="Parametric mode: prompt lengths, comma-separated (16k,32k).  [default: 16k]")
 @hidden_alias("--context", "contexts_alias", callback=_contexts)
@@ -91,6 +92,7 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     With --run/--group: the stored runs' own traces (requests, acceptance outcomes, settings) replayed
     with this machine's calibration (or a roofline). Without: a parametric setting (--model-shape,
     --hardware or --calibration, --context-len, --batch-size, --alpha)."""
+    from ..decoders import BUILTIN, trait
     contexts = merge_alias(contexts, contexts_alias, [16 * 1024], "--context-len", "--context")
     batches = merge_alias(batches, batches_alias, [8], "--batch-size", "--batch")
     from .rows import parametric_rows, stored_rows
@@ -122,6 +124,7 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
         if roofline is None and not calibration:
             raise UserError("a parametric simulation needs step costs: pass --hardware PROFILE or --calibration FILE")
         shape = ModelShape.load(model_shape, dtype)
+        decoders = decoders or [d for d in BUILTIN if not trait(d, "ablation") and trait(d, "simulated")]
         cost = roofline or CalibratedCost(calibration_file(calibration))
         if alpha and alpha_from_runs:
             raise UserError("--alpha and --alpha-from-runs both give the acceptance: pass one")
@@ -130,7 +133,7 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
             with Store(store_path, readonly=True) as store:
                 table = measured_alphas(store, alpha_from_runs)
         else:
-            table = parse_alpha(alpha) if any(d != "ar" for d in decoders) else {}
+            table = parse_alpha(alpha) if any(trait(d, "draft_kind") for d in decoders) else {}
         rows, recs = parametric_rows(decoders, cost, table, contexts, batches, n_requests, max_new_tokens,
                                      shape.name, shape.layers, seed=seed)
     if save:

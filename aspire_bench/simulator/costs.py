@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..decoders.scheduler import CostModel, fit_cost_model, qk_term
+from ..decoders.scheduler import CostModel, CostSample, fit_cost_model, qk_term
 from ..errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -161,8 +161,8 @@ class Roofline:
                         rows = [("verify", d + 1, length + d + 1) if j < n_verify else
                                 ("draft", 1, int(ratio * length) + 1) for j in range(batch)]
                         per_row = [(r[1], r[2]) for r in rows]
-                        samples.append((sum(r[1] for r in rows), sum(r[2] for r in rows), qk_term(per_row),
-                                        self.step_time(rows), per_row))
+                        samples.append(CostSample(sum(r[1] for r in rows), sum(r[2] for r in rows),
+                                                  qk_term(per_row), self.step_time(rows), per_row))
         return fit_cost_model(samples, source=f"roofline fit ({self.hw.name}, {self.shape.name})")
 
     def describe(self) -> dict:

@@ -1,4 +1,4 @@
-"""The simulated run: continuous batching on a simulated clock, as decoders/common.py runs it.
+"""The simulated run: continuous batching on a simulated clock, as decoders/loop.py runs it.
 
 Requests are admitted in order while fewer than `batch` are active; an admitted request runs its
 prefill rows (each a step of its own) and commits its first token. Then, step after step, the
@@ -58,8 +58,7 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
             (done.__setitem__(req.id, seq) if finished(seq) else active.append(seq))
         if not active:
             continue
-        plan = policy.plan(active, len(active))
-        rows = [(seq, r) for seq, r in zip(active, plan) if r is not None]
+        rows = policy.plan(active, len(active))  # the requests left out sit the step out
         t0, t = t, t + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
         for seq, (kind, n, kv, sparse, captured) in rows:

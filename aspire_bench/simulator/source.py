@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from ..decoders import trait
 from ..decoders.base import DRAFT
 from ..decoders.scheduler import CostModel, fit_problem
 from ..errors import UserError
 from ..harness import records
 from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
-from .policies import SimPolicy
+from .policies import SimPolicy, acceptance_keys, lineage
 from .replay import SimRequest, simulate
 
 # Aggregates about the output text: a simulation has no text.
@@ -83,11 +84,6 @@ def requests_of(record: records.RunRecord) -> list[SimRequest]:
     return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, [])) for r in record.requests]
 
 
-def _is_aspire(name: str) -> bool:
-    from ..decoders import _REGISTRY
-    return name in _REGISTRY and _REGISTRY[name][1] == "AspireDecoder"
-
-
 def simulate_stored(record: records.RunRecord, cost) -> tuple:
     """(GenerationOutput, assumptions) of the run's own trace replayed through its decoder's
     scheduling with the step-cost model `cost`."""
@@ -96,7 +92,7 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
     if not isinstance(batch, int) or not record.requests:
         raise UserError(f"run {record.run_id} has no batch size or no requests: it cannot be replayed")
     layers, sched_cost = 0, None
-    if _is_aspire(name):
+    if trait(name, "uses_cost_model"):
         layers = num_layers_of(record.config["model"])
         cm = record.info.get("cost_model")  # the cost model the run's scheduler decided with
         sched_cost = (CostModel.from_dict(cm, str(cm.get("source"))) if cm else
@@ -125,18 +121,16 @@ def measured_alphas(store, run_ids) -> dict[str, list[tuple[float, float]]]:
     alpha that best explains the run's verifications) for each run."""
     from statistics import median
 
-    from ..decoders import _REGISTRY
     from .acceptance import alpha_mle
-    from .policies import DRAFT_KINDS
     table: dict[str, list[tuple[float, float]]] = {}
     for rid in run_ids:
         rec = store.get_run(int(rid))
         name = rec.config.get("decoder")
-        kind = DRAFT_KINDS.get(_REGISTRY.get(name, (None, None))[1])
         alpha = alpha_mle([v for r in rec.requests for v in r.verifications])
-        if kind is None or alpha is None:
+        if alpha is None:
             raise UserError(f"run {rid} ({name}) has no verifications to estimate an acceptance from: pass runs "
-                            "of magicdec, vegas or aspire")
+                            "of a speculative decoder")
+        kind = lineage(name)[-1]  # an ablation's acceptance stands for its base decoder's
         table.setdefault(kind, []).append((float(median(r.prompt_len for r in rec.requests)), alpha))
     return table
 
@@ -151,10 +145,10 @@ def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, 
                         max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
                         scheduler_cost: CostModel | None = None) -> tuple:
     # ASPIRE decides with what a calibration on this hardware at this cell's batch and context would fit
-    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context) if _is_aspire(name)
-                                                      else None),
+    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context)
+                                                      if trait(name, "uses_cost_model") else None),
                        page_size, num_layers)
-    acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, policy.draft_kind, seed)
+    acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, acceptance_keys(name), seed)
     out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
                    info=policy.settings)
     assumptions = {

@@ -57,7 +57,7 @@ def test_sampling_is_seeded_and_independent_of_batch_size(checkpoints):
 
 
 def test_logits_to_probs_top_k_top_p():
-    from aspire_bench.decoders.common import logits_to_probs
+    from aspire_bench.decoders.sampler import logits_to_probs
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.7))
     torch.testing.assert_close(p, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0, 0]))
@@ -69,7 +69,7 @@ def test_logits_to_probs_top_k_top_p():
 
 
 def test_sample_from_matches_the_distribution_and_skips_zero_mass(seed):
-    from aspire_bench.decoders.common import sample_from
+    from aspire_bench.decoders.sampler import sample_from
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
     g = torch.Generator().manual_seed(seed)
     counts = torch.bincount(torch.tensor([sample_from(probs, g) for _ in range(20000)]), minlength=6)

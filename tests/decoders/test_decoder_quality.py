@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aspire_bench import corpus
-from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop, speculative
+from aspire_bench.decoders import Request, SamplingParams, get_decoder, sampler
 from aspire_bench.engine import Engine
 from aspire_bench.harness.metrics import draft_acceptance_rate
 
@@ -57,7 +57,7 @@ def test_a_never_accepting_decoder_fails_the_floor(tiny, tiny_ar, monkeypatch):
     cannot see it; the acceptance floor does."""
     def never_accept(target_logits, drafts):
         return 0, int(target_logits[0].argmax())
-    monkeypatch.setattr(speculative, "accept_greedy", never_accept)
+    monkeypatch.setattr(sampler, "accept_greedy", never_accept)
     engine, reqs = tiny
     out = get_decoder("magicdec").generate(engine, [Request(r.id, r.prompt_ids, 8) for r in reqs],
                                            SamplingParams(), len(reqs))
@@ -125,15 +125,15 @@ def forced_drafts(monkeypatch):
     top-k values put in reverse order (its q gives the target's least likely top-k token the target's
     top probability). Same support as p, far from its shape, so rejection, the residual and the bonus
     all matter. Any proposal is legitimate for rejection sampling as long as its q is the one verified,
-    which take_draft records."""
-    take = loop.take_draft
+    which Sampler.draft records."""
+    take = sampler.Sampler.draft
 
-    def reversed_take(st, logits, params, q=None):  # the loop's q is of the unreversed logits: recomputed
-        vals, idx = torch.topk(logits, params.top_k)
-        return take(st, logits.scatter(-1, idx, vals.flip(-1)), params)
+    def reversed_draft(self, st, logits, q=None):  # the step's q is of the unreversed logits: recomputed
+        vals, idx = torch.topk(logits, self.params.top_k)
+        return take(self, st, logits.scatter(-1, idx, vals.flip(-1)))
 
-    monkeypatch.setattr(loop, "take_draft", reversed_take)
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)  # the per-row path, so drafts go through take_draft
+    monkeypatch.setattr(sampler.Sampler, "draft", reversed_draft)
+    monkeypatch.setattr(sampler, "compiled_applies", lambda *a: False)  # the per-row path, so drafts go through draft
 
 
 def rank_counts(engine, reqs, out, params):
@@ -142,7 +142,7 @@ def rank_counts(engine, reqs, out, params):
     samples): (observed counts per rank, their expectation and covariance under H0, impossible tokens).
     Under H0 (each token drawn from p_t given its prefix) the rank indicators of position t have mean
     p_t (sorted) and covariance diag(p_t) - p_t p_t^T, and the positions are a martingale sequence."""
-    from aspire_bench.decoders.common import logits_to_probs
+    from aspire_bench.decoders.sampler import logits_to_probs
     from aspire_bench.engine import Row
     k = params.top_k
     observed, expected, cov, impossible = torch.zeros(k), torch.zeros(k), torch.zeros(k, k), 0
@@ -211,7 +211,7 @@ def test_sampled_tokens_follow_the_target(name, random_engine, forced_drafts):
 
 def _bonus_from_draft(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: after all drafts are accepted, the bonus is drawn from the last draft's q, not p."""
-    from aspire_bench.decoders.common import sample_from
+    from aspire_bench.decoders.sampler import sample_from
     us = torch.rand(len(drafts) + 1, generator=gen).tolist() if us is None else us
     a, nxt = ORIGINAL_ACCEPT(target_logits, drafts, qs, params, gen, p, us)
     if a == len(drafts) and drafts:
@@ -221,7 +221,7 @@ def _bonus_from_draft(target_logits, drafts, qs, params, gen, p=None, us=None):
 
 def _resample_from_target(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: on rejection, resample from p instead of the residual max(0, p - q)."""
-    from aspire_bench.decoders.common import logits_to_probs, sample_from
+    from aspire_bench.decoders.sampler import logits_to_probs, sample_from
     p = logits_to_probs(target_logits, params) if p is None else p
     us = torch.rand(len(drafts) + 1, generator=gen).tolist() if us is None else us
     for j, (x, q) in enumerate(zip(drafts, qs)):
@@ -230,14 +230,14 @@ def _resample_from_target(target_logits, drafts, qs, params, gen, p=None, us=Non
     return len(drafts), sample_from(p[len(drafts)], gen, us[len(drafts)])
 
 
-ORIGINAL_ACCEPT = speculative.accept_sampling
+ORIGINAL_ACCEPT = sampler.accept_sampling
 
 
 @pytest.mark.parametrize("broken", [_bonus_from_draft, _resample_from_target], ids=["bonus-from-q", "no-residual"])
 def test_the_check_rejects_a_broken_acceptance_rule(broken, random_engine, forced_drafts, monkeypatch):
     """The same run and check with a wrong bonus or residual: rejected. (An un-normalised residual is
     not a bug here: sample_from scales its uniform draw by the total mass.)"""
-    monkeypatch.setattr(speculative, "accept_sampling", broken)
+    monkeypatch.setattr(sampler, "accept_sampling", broken)
     reqs, out = sample_run(random_engine, "magicdec")
     with pytest.raises(AssertionError, match="committed tokens"):
         check_distribution(*rank_counts(random_engine, reqs, out, SAMPLED))

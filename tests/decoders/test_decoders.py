@@ -25,7 +25,7 @@ from aspire_bench.decoders.selection import (
     token_budget,
     top_tokens,
 )
-from aspire_bench.decoders.speculative import accept_greedy, accept_sampling
+from aspire_bench.decoders.sampler import accept_greedy, accept_sampling
 from aspire_bench.engine import Engine, load_model
 
 # Small budgets so that drafts are really sparse at these prompt lengths.
@@ -138,7 +138,7 @@ def test_rejection_sampling_matches_target_distribution():
     target = torch.randn(2, V, generator=g) * 1.5
     draft_logits = torch.randn(V, generator=g) * 1.5
     params = SamplingParams(temperature=0.9, top_k=5)
-    from aspire_bench.decoders.common import logits_to_probs
+    from aspire_bench.decoders.sampler import logits_to_probs
     q = logits_to_probs(draft_logits, params)
     p = logits_to_probs(target[0], params)
     n = 3000
@@ -154,8 +154,8 @@ def test_rejection_sampling_matches_target_distribution():
 
 
 def test_sequence_uniforms_come_from_its_generator_in_blocks():
-    from aspire_bench.decoders.sequence import UNIFORM_BLOCK, Sequence
-    seq = Sequence(0, Request("r", [1, 2], 4), None, torch.Generator().manual_seed(5))
+    from aspire_bench.decoders.state import UNIFORM_BLOCK, RequestState
+    seq = RequestState(0, Request("r", [1, 2], 4), None, torch.Generator().manual_seed(5))
     got = seq.uniforms(3) + seq.uniforms(UNIFORM_BLOCK + 6) + seq.uniforms(1)
     ref = torch.Generator().manual_seed(5)
     want = torch.rand(UNIFORM_BLOCK, generator=ref).tolist() + torch.rand(UNIFORM_BLOCK, generator=ref).tolist()
@@ -189,15 +189,15 @@ def test_scheduler_ema_update():
 
 def test_aspire_forced_verify_and_warmup():
     from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
-    from aspire_bench.decoders.sequence import Sequence
+    from aspire_bench.decoders.state import RequestState
     policy = AspirePolicy(AspireSettings(), page_size=16, num_layers=4, cost=CostModel(0, 0, 1.0))
     reqs = make_requests()
-    st = Sequence(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
+    st = RequestState(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
     st.pending.extend([5, 5])  # warm-up: fewer than gamma_init drafts before the first verify -> draft
     assert not policy.should_verify(st, 1)
     st.pending.extend([5] * 14)  # d = d_max = 16 -> verify
     assert policy.should_verify(st, 1)
-    st2 = Sequence(1, Request("y", reqs[0].prompt_ids, 3), None, None, out=[1], state=policy.new_state())
+    st2 = RequestState(1, Request("y", reqs[0].prompt_ids, 3), None, None, out=[1], state=policy.new_state())
     assert policy.should_verify(st2, 1) is False
     st2.pending.append(4)  # max_new 3: after 1 output, at most 1 draft
     assert policy.should_verify(st2, 1)
@@ -205,11 +205,11 @@ def test_aspire_forced_verify_and_warmup():
 
 def test_aspire_decides_with_a_cost_model_that_prices_steps_at_nothing():
     from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
-    from aspire_bench.decoders.sequence import Sequence
+    from aspire_bench.decoders.state import RequestState
     reqs = make_requests()
     for terms in ("auto", "paper"):  # a hand-written calibration of zeros: decides, no division by zero
         policy = AspirePolicy(AspireSettings(cost_terms=terms), page_size=16, num_layers=4, cost=CostModel(0, 0, 0))
-        st = Sequence(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
+        st = RequestState(0, Request("x", reqs[0].prompt_ids, 100), None, None, out=[1], state=policy.new_state())
         st.state.verified = True
         st.pending.append(5)
         assert policy.should_verify(st, 1) in (True, False) and policy.cost_ratio(st, 1) == 1.0
@@ -348,17 +348,17 @@ def test_calibration_times_window_drafts(random_engine):
 def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, monkeypatch, compiled):
     """Each timed step comes right after a read of twice the last-level cache (as in decoding, after a
     step that streamed more KV than the cache holds), and includes the rejection sampling of every
-    verify row's drafts, as the loop's step does: in one compiled call for the step where the loop
-    makes one, else row by row."""
-    from aspire_bench.decoders import calibration
+    verify row's drafts, as the loop's step does: through the Sampler, in one compiled call for the
+    step where the loop makes one, else row by row."""
+    from aspire_bench.decoders import calibration, sampler
     from aspire_bench.kernels import cpu_sampling
     assert calibration.last_level_cache_bytes(torch.device("cpu")) >= 1 << 20
     if compiled and cpu_sampling.load_library() is None:
         pytest.skip("no C++ compiler: the per-row path only")
     if not compiled:
-        monkeypatch.setattr(cpu_sampling, "step_applies", lambda *a: False)
+        monkeypatch.setattr(sampler, "compiled_applies", lambda *a: False)
     events = []
-    real_accept, real_time, real_step = calibration.accept_sampling, calibration._time_step, cpu_sampling.sample_step
+    real_accept, real_time, real_step = sampler.accept_sampling, calibration._time_step, cpu_sampling.sample_step
     real_sum = torch.Tensor.sum
 
     def accept(logits, drafts, qs, *a):
@@ -379,7 +379,7 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
             events.append(("flush",))
         return real_sum(x, *a, **k)
 
-    monkeypatch.setattr(calibration, "accept_sampling", accept)
+    monkeypatch.setattr(sampler, "accept_sampling", accept)
     monkeypatch.setattr(cpu_sampling, "sample_step", sample_step)
     monkeypatch.setattr(calibration, "_time_step", time_step)
     monkeypatch.setattr(torch.Tensor, "sum", flush_sum)

@@ -1,4 +1,4 @@
-"""The decoder loop and its policies: reusable decoders, per-request Sequence state, pure scheduling
+"""The decoder loop and its policies: reusable decoders, per-request RequestState, pure scheduling
 decisions, the replayable schedule and the engine-reported KV read."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
 from aspire_bench.decoders.scheduler import CostModel, update_alpha
-from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.decoders.state import RequestState
 from aspire_bench.engine import Engine, LayerTokenView, PageView, Row, TokenView
 from aspire_bench.engine.loading import load_model
 
@@ -81,7 +81,7 @@ def test_sequence_state_is_the_policys_and_drafts_clear_after_verification(engin
 
 def test_should_verify_is_pure_and_needs_no_engine():
     policy = AspirePolicy(AspireSettings(), page_size=16, num_layers=4, cost=CostModel(1.0, 0.05, 1 / 1024))
-    seq = Sequence(0, Request("x", [1] * 3000, 100), None, None, out=[1], state=policy.new_state())
+    seq = RequestState(0, Request("x", [1] * 3000, 100), None, None, out=[1], state=policy.new_state())
     seq.state.verified, seq.state.alpha = True, 0.95
     seq.pending.extend([4] * 3)
     before = copy.deepcopy((seq.pending, seq.state, seq.extra))
@@ -160,17 +160,16 @@ def test_batched_sampling_distributions_equal_one_call_per_row(top_k, top_p):
     """The loop computes every row's distributions in one call (the last position of a one-token row,
     every position of a verify row): the same values, bit for bit, as a call per row (so batching
     never changes what a seed samples)."""
-    from aspire_bench.decoders.common import logits_to_probs
-    from aspire_bench.decoders.loop import Plan, _batch_probs
+    from aspire_bench.decoders.sampler import Sampler, logits_to_probs
     params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
     gen = torch.Generator().manual_seed(7)
     logits = [torch.randn(n, 300, generator=gen) * 4 for n in (1, 4, 1, 1)]  # the 4-token row verifies
-    plans = [Plan(None, kind) for kind in ("draft", "verify", "decode", "draft")]
-    probs = _batch_probs(plans, logits, params)
+    rows = [(None, kind) for kind in ("draft", "verify", "decode", "draft")]
+    probs = Sampler(params)._batch_probs(rows, logits)
     assert sorted(probs) == [0, 1, 2, 3]
     for i, q in probs.items():
         assert torch.equal(q, logits_to_probs(logits[i] if i == 1 else logits[i][-1], params))
-    assert _batch_probs(plans, logits, SamplingParams()) == {}  # greedy: no distributions
+    assert Sampler(SamplingParams())._batch_probs(rows, logits) == {}  # greedy: no distributions
 
 
 def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -184,7 +183,7 @@ def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 @pytest.mark.parametrize("scale", [0.05, 1.0, 8.0])  # flat (the nucleus is most of the vocabulary) to peaked
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
 def test_top_p_without_a_full_sort_matches_the_sorted_definition(scale, top_p, seed):
-    from aspire_bench.decoders.common import logits_to_probs
+    from aspire_bench.decoders.sampler import logits_to_probs
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(6, 1000, generator=gen) * scale
     logits[0] *= 20  # one peaked row next to the others: the batch's top-k grows for the flat ones
@@ -198,22 +197,21 @@ def test_top_p_without_a_full_sort_matches_the_sorted_definition(scale, top_p, s
 
 @pytest.mark.parametrize("name", ["ar", *SPARSE])
 def test_a_steps_compiled_sampling_samples_what_the_per_row_path_does(engine, name, monkeypatch):
-    """Under sampling with top-k on a CPU the loop samples and verifies a whole step in one compiled call;
-    with the per-row path instead (sample, take_draft, finish_verify) a seed gives the same outputs,
+    """Under sampling with top-k on a CPU the Sampler samples and verifies a whole step in one compiled
+    call; with the per-row path instead (sample, draft, verify) a seed gives the same outputs,
     verifications and row kinds."""
-    from aspire_bench.decoders import loop
+    from aspire_bench.decoders import sampler
     from aspire_bench.kernels import cpu_sampling
     if cpu_sampling.load_library() is None:
         pytest.skip("no C++ compiler: the per-row path is the only one")
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3)
     dec = get_decoder(name, **SPARSE.get(name, {}))
     calls = []
-    real = loop._sample_compiled
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = sampler.Sampler._step_compiled
+    monkeypatch.setattr(sampler.Sampler, "_step_compiled", lambda *a: calls.append(real(*a)) or calls[-1])
     fast = dec.generate(engine, requests(), params, 2)
-    assert len(calls) == sum(1 for s in fast.steps if s.rows[0].kind != "prefill")
-    assert all(picks is not None for picks in calls)  # every step took the compiled path
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)
+    assert len(calls) == sum(1 for s in fast.steps if s.rows[0].kind != "prefill")  # every step took it
+    monkeypatch.setattr(sampler, "compiled_applies", lambda *a: False)
     slow = dec.generate(engine, requests(), params, 2)
     assert [r.output_ids for r in fast.results] == [r.output_ids for r in slow.results]
     assert [r.verifications for r in fast.results] == [r.verifications for r in slow.results]

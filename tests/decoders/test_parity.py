@@ -7,7 +7,8 @@ import torch
 from click.testing import CliRunner
 
 from aspire_bench.cli import main
-from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop
+from aspire_bench.decoders import Request, SamplingParams, get_decoder
+from aspire_bench.decoders.sampler import Sampler
 from aspire_bench.engine import Engine, Row, load_model
 from aspire_bench.errors import ConfigError
 from aspire_bench.harness.parity import (
@@ -119,18 +120,18 @@ def nudge(monkeypatch, index: int, position: int, by: float = 1e-3) -> dict:
     `index`: the smallest logit change that changes the token. Returns {"margin": the decoder's own margin
     there}."""
     seen = {}
-    original = loop.finish_verify
+    original = Sampler.verify
 
-    def finish_verify(engine, st, logits, params, t, probs=None):  # greedy: no distributions
+    def verify(self, st, logits, probs=None):  # greedy: no distributions
         j = position - len(st.out)
         if st.index == index and 0 <= j < logits.shape[0]:
             logits = logits.clone()
             (v1, v2), (_, i2) = (x.tolist() for x in torch.topk(logits[j], 2))
             logits[j, i2] = v1 + by
             seen["margin"] = v1 - v2
-        return original(engine, st, logits, params, t, probs)
+        return original(self, st, logits, probs)
 
-    monkeypatch.setattr(loop, "finish_verify", finish_verify)
+    monkeypatch.setattr(Sampler, "verify", verify)
     return seen
 
 

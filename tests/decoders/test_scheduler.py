@@ -27,7 +27,7 @@ from aspire_bench.decoders.scheduler import (
     qk_term,
     update_alpha,
 )
-from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.decoders.state import RequestState
 from aspire_bench.engine import SCATTERED_HEAD, Engine, Row, load_model
 
 SPARSE = dict(min_pages=2, recent_pages=1)
@@ -55,7 +55,7 @@ def test_relaxed_request_drafts_again_frozen_one_never_does():
     c = 0.5  # alpha below c gives gamma = 0
     for zero_draft, expect_draft in (("relax", True), ("freeze", False)):
         policy = AspirePolicy(AspireSettings(zero_draft=zero_draft), page_size=16, num_layers=4)
-        st = Sequence(0, Request("x", [1] * 10, 1000), None, None, out=[1], state=policy.new_state())
+        st = RequestState(0, Request("x", [1] * 10, 1000), None, None, out=[1], state=policy.new_state())
         sch = st.state
         sch.alpha, sch.verified = 0.2, True
         assert best_gamma(sch.alpha, c, 16) == 0
@@ -406,14 +406,14 @@ def test_a_cost_term_that_would_fit_negative_is_held_at_zero():
     assert exact.beta0 == pytest.approx(1e-3) and exact.beta_attn == pytest.approx(2e-7)  # unconstrained when >= 0
 
 
-def prefilled(engine, policy) -> Sequence:
+def prefilled(engine, policy) -> RequestState:
     """A request of 199 prompt tokens prefilled in a slot of its own (free it), its next token pending:
     the next step drafts or verifies over 199 positions."""
     req = requests(n=1)[0]
     engine.reserve(512)
     slot = engine.alloc(400)
     engine.forward([Row(slot, req.prompt_ids[:-1], 0, logits="none")])
-    return Sequence(0, Request("x", req.prompt_ids[:-1], 24), slot, None, out=[req.prompt_ids[-1]],
+    return RequestState(0, Request("x", req.prompt_ids[:-1], 24), slot, None, out=[req.prompt_ids[-1]],
                     state=policy.new_state())
 
 

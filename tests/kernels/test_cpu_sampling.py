@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aspire_bench.decoders.base import SamplingParams
-from aspire_bench.decoders.common import _top_p, logits_to_probs
+from aspire_bench.decoders.sampler import _top_p, logits_to_probs
 from aspire_bench.kernels import cpu_build, cpu_sampling
 from aspire_bench.kernels.cpu_build import KernelBuildError
 
@@ -134,7 +134,7 @@ def test_draw_picks_the_definitions_index(vocab, top_k, seed):
 def test_draws_fall_back_to_the_same_indices(monkeypatch, seed):
     """sample_from and sample_residual give the same index with the kernel and without it (one uniform
     each), and a residual without mass draws from p."""
-    from aspire_bench.decoders.common import sample_from, sample_residual
+    from aspire_bench.decoders.sampler import sample_from, sample_residual
     g = torch.Generator().manual_seed(seed)
     probs = logits_to_probs(torch.randn(8, 4096, generator=g) * 4, SamplingParams(0.7, 50, 0.9))
     pairs = [(probs[r], probs[(r + 3) % 8]) for r in range(8)] + [(probs[0], probs[0])]
@@ -189,8 +189,8 @@ def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, see
     fresh random rows of every kind in one call: decode / draft rows, verify rows of 0 to 6 drafts, with
     draft distributions unrelated to the target's (rejections, residual draws) and drafts the target
     gives no mass (certain rejection, once with a residual without mass)."""
-    from aspire_bench.decoders.common import sample_from
-    from aspire_bench.decoders.speculative import accept_sampling
+    from aspire_bench.decoders.sampler import sample_from
+    from aspire_bench.decoders.sampler import accept_sampling
     params = SamplingParams(0.7, top_k, top_p)
     g = torch.Generator().manual_seed(seed)
     vocab = 500

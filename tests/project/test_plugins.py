@@ -44,23 +44,42 @@ def fake_dist(site: Path, name: str, entry_points: str) -> None:
 
 
 def test_the_example_decoder_and_task_run_through_the_cli(example_site, tmp_path):
+    """The example policy runs through run (lossless: greedy parity with AR is exact), bench (with the
+    tuned row its tune_grid asks for), simulate (its stored trace replayed) and report."""
     listed = cli("decoders", site=example_site, cwd=tmp_path)
-    assert listed.returncode == 0 and "topk-ar" in listed.stdout.split()
+    [line] = [x for x in listed.stdout.splitlines() if x.split()[:1] == ["recent-draft"]]
+    assert listed.returncode == 0 and "most recent tokens" in line
     tasks = cli("tasks", site=example_site, cwd=tmp_path)
     assert tasks.returncode == 0 and "count-on" in tasks.stdout
-    # Greedy top-k AR is AR: parity against the AR run of the same requests must be exact.
-    res = cli("run", "--decoder", "topk-ar", "--decoder-arg", "k=5", "--task", "count-on", "--limit", "2",
-              "--batch-size", "2", "--max-new-tokens", "4", "--parity", "--store", str(tmp_path / "r.db"),
-              "--format", "json", site=example_site, cwd=tmp_path)
+    store = str(tmp_path / "r.db")
+    res = cli("run", "--decoder", "recent-draft", "--decoder-arg", "window=16", "--task", "count-on", "--limit", "2",
+              "--batch-size", "2", "--max-new-tokens", "6", "--parity", "--store", store, "--format", "json",
+              site=example_site, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     [rec] = json.loads(res.stdout)
-    assert rec["status"] == "ok" and rec["config"]["decoder"] == "topk-ar" and rec["config"]["task"] == "count-on"
+    assert rec["status"] == "ok" and rec["config"]["decoder"] == "recent-draft" and rec["config"]["task"] == "count-on"
     a = rec["aggregates"]
     assert a["n_requests"] == 2 and a["generated_tokens"] > 0 and a["decode_tok_s"] > 0
-    assert a["parity_n"] == 2 and a["parity_identical_pct"] == 100.0
-    bad = cli("run", "--decoder", "topk-ar", "--decoder-arg", "k=abc", "--task", "count-on", "--limit", "1",
+    assert a["parity_n"] == 2 and a["parity_identical_pct"] == 100.0 and a["mean_accepted_len"] > 0
+    bad = cli("run", "--decoder", "recent-draft", "--decoder-arg", "window=abc", "--task", "count-on", "--limit", "1",
               site=example_site, cwd=tmp_path)
-    assert bad.returncode == 2 and "k" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "window" in bad.stderr and "Traceback" not in bad.stderr
+    bench = cli("bench", "--task", "count-on", "--contexts", "1k", "--batch-sizes", "2", "--decoders",
+                "ar,recent-draft", "--repeat", "1", "--max-new-tokens", "6", "--sampling", "greedy", "--limit", "2",
+                "--no-bound", "--no-calibration-rounds", "--store", store, "--format", "json",
+                site=example_site, cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    rows = json.loads(bench.stdout)
+    assert [(r["decoder"], r["tuned"]) for r in rows] == [("ar", False), ("recent-draft", False), ("recent-draft", True)]
+    assert rows[2]["settings"]["gamma"] in (2, 4) and rows[1]["settings"]["gamma"] == 3
+    sim = cli("simulate", "--store", store, "--run", str(rows[1]["run_id"]), "--hardware", "h100", "--json",
+              site=example_site, cwd=tmp_path)
+    assert sim.returncode == 0, sim.stderr
+    [row] = json.loads(sim.stdout)
+    assert row["decoder"] == "recent-draft" and row["stored_run_id"]
+    rep = cli("report", "--store", store, "--out", str(tmp_path / "boards"), site=example_site, cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    assert "recent-draft" in "".join(p.read_text() for p in (tmp_path / "boards").rglob("*.html"))
 
 
 def test_a_builtin_name_wins_and_a_broken_plugin_is_one_line(tmp_path):

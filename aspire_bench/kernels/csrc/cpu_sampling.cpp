@@ -1,5 +1,5 @@
 // Sampling distributions on the CPU: temperature, top-k and top-p for every row of a step in one call
-// (fp32). The same maths as decoders/common.py logits_to_probs with top-k on:
+// (fp32). The same maths as decoders/sampler.py logits_to_probs with top-k on:
 //   v = logits / T;  the k largest v, descending;  p = softmax over those k;
 //   top-p: keep p_i while the mass before it, sum_{j<i} p_j, is at most top_p;  renormalise;
 //   out = zeros with the kept p at their token ids.
@@ -169,7 +169,7 @@ extern "C" int aspire_top_k_probs(const float* logits, int64_t rows, int64_t voc
 }
 
 // One draw by inverting the CDF of p (q null) or of max(0, p - q) (rejection sampling's residual,
-// unnormalised), as decoders/common.py sample_from does with torch ops: running sums in double, each
+// unnormalised), as decoders/sampler.py does with torch ops: running sums in double, each
 // rounded to float (torch.cumsum's fp32 result); u in [0, 1) times the total in float; the first i
 // whose sum exceeds it, else the last entry with mass (u rounded up to the total). The same index as
 // the torch ops, in two passes over n floats instead of ~6 ops of per-call cost. Returns -1 when
@@ -230,7 +230,7 @@ extern "C" int aspire_select_pages(const float* scores, int64_t n_scored, int64_
 
 // The sampling of a whole decoding step in one call (decoders/loop.py): the distributions of every
 // logits row (as aspire_top_k_probs), then each of the step's rows drawn or verified as the loop's
-// per-row path does it (loop.py sample / take_draft / decoders/speculative.py accept_sampling):
+// per-row path does it (decoders/sampler.py):
 //   a row of len = d + 1 logits rows (d = 0: a decode or draft row) with drafts x_0..x_{d-1}, their
 //   draft distributions q_0..q_{d-1} and uniforms u_0..u_d: x_j is accepted while u_j q_j(x_j) < p_j(x_j)
 //   (in double, as Python compares); the first rejected j takes the residual max(0, p_j - q_j) drawn

@@ -13,7 +13,7 @@ UNIFORM_BLOCK = 64
 
 
 @dataclass(eq=False)
-class Sequence:
+class RequestState:
     index: int  # position in the input requests
     req: Request
     slot: Slot | None
@@ -24,7 +24,7 @@ class Sequence:
     t_prefill_start: float = 0.0
     verifications: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     pending: list[int] = field(default_factory=list)  # drafts not yet verified
-    qs: list[torch.Tensor] = field(default_factory=list)  # their draft distributions (sampling only)
+    qs: list[torch.Tensor | None] = field(default_factory=list)  # their draft distributions (sampling; None: a point mass)
     state: Any = None  # the policy's own per-request state
     # Greedy only, per sampled token: AR's record for parity (harness/parity.py).
     margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit
@@ -41,6 +41,12 @@ class Sequence:
             self._uniforms += torch.rand(UNIFORM_BLOCK, generator=self.gen, device=self.gen.device).tolist()
         out, self._uniforms = self._uniforms[:n], self._uniforms[n:]
         return out
+
+    def propose(self, tokens: list[int]) -> None:
+        """Drafts from a deterministic drafter (no forward, no distribution): point masses, which the
+        Sampler's rejection sampling accepts with min(1, p(x))."""
+        self.pending += tokens
+        self.qs += [None] * len(tokens)
 
     @property
     def context_len(self) -> int:
