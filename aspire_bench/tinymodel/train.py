@@ -483,17 +483,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="a new model's hidden size (default 128); decoding reads it once per step")
     ap.add_argument("--intermediate-size", type=int, default=None,
                     help="a new model's MLP width (default 384); costs weights, not KV cache")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="a new model's number of layers (default 16); a draft model for the bundled one takes 2")
     ap.add_argument("--tokenizer-from", default=None,
                     help="start a new model with this checkpoint's tokenizer instead of training one "
                          "(held-out losses then compare with that checkpoint's)")
     args = ap.parse_args(argv)
-    shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size))
-             if v is not None}
+    shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size),
+                               ("num_hidden_layers", args.layers)) if v is not None}
     if any(v <= 0 for v in shape.values()):
-        ap.error("--hidden-size and --intermediate-size must be positive")
+        ap.error("--hidden-size, --intermediate-size and --layers must be positive")
     if args.init_from and (shape or args.tokenizer_from):
         ap.error("--init-from continues a checkpoint with its own shape and tokenizer: "
-                 "drop --hidden-size/--intermediate-size/--tokenizer-from, or --init-from")
+                 "drop --hidden-size/--intermediate-size/--layers/--tokenizer-from, or --init-from")
     if args.tokenizer_from and not (Path(args.tokenizer_from) / "tokenizer.json").is_file():
         ap.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json there (give a checkpoint directory, "
                  "e.g. aspire_bench/assets/tiny)")
