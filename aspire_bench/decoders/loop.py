@@ -13,10 +13,12 @@ and the step traces (each row's KV read as the engine reports it). A method is a
   policy.observe(seq, drafted, accepted)
       after each verification of `seq` (its tokens are already committed and its KV rolled back).
 
-and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `prefill_capture()`,
+and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `admitted(seq)` (after
+its prompt's prefill; returns the tokens of the policy's own prefill, e.g. a draft model's), `prefill_capture()`,
 `scores(seq, scores)` (captured attention scores of a row after it was applied), `step_done(trace)`
 and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
-run's state (cost model, cycle counters); per-request state lives in `Sequence.state`, so a policy
+run's state (cost model, cycle counters; `params`, the run's sampling settings); per-request state lives in
+`Sequence.state`, so a policy
 can be driven without an engine (a simulator calls plan/observe/should_verify on plain sequences).
 
 A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class; it keeps no state
@@ -66,6 +68,8 @@ class Plan:
 class Policy:
     """Defaults for the optional hooks; see the module docstring for the contract."""
 
+    params: SamplingParams | None = None  # set by the loop for a run
+
     def __init__(self, settings, page_size: int, num_layers: int):
         self.settings, self.page_size, self.num_layers = settings, page_size, num_layers
 
@@ -75,6 +79,10 @@ class Policy:
 
     def new_state(self):
         return None
+
+    def admitted(self, seq: Sequence) -> int:
+        """After the prompt's prefill: the tokens of the policy's own prefill (0 = none)."""
+        return 0
 
     def prefill_capture(self) -> Capture | None:
         """Scores to capture at the last prompt token (seeds a sparse draft view)."""
@@ -275,6 +283,7 @@ class Decoder:
             raise ConfigError("--batch-size must be at least 1")
         _check(engine, requests)
         policy = self.Policy.for_run(self.config, engine, batch_size, requests)
+        policy.params = params
         # Equal slots of the longest request's size: any freed slot fits any waiting request, so
         # continuous batching never fragments the pool.
         ps = engine.page_size
@@ -387,4 +396,7 @@ def _admit(engine: Engine, policy: Policy, slot_size: int, i: int, req: Request,
         engine.save_prefix(slot, ids[:-1])
     if capture:
         policy.scores(seq, out.captures.get(0, {}))
+    t0 = clock()
+    if not seq.finish and (n := policy.admitted(seq)):  # the policy's own prefill: a step of its own
+        steps.append(StepTrace(len(steps), t0, clock(), [RowTrace(req.id, PREFILL, n, 0)]))
     return seq
