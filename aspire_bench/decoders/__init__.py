@@ -16,6 +16,8 @@ _REGISTRY = {
     "magicdec": ("aspire_bench.decoders.magicdec", "MagicDecDecoder", {}),
     "vegas": ("aspire_bench.decoders.vegas", "VegasDecoder", {}),
     "aspire": ("aspire_bench.decoders.aspire", "AspireDecoder", {}),
+    "ngram": ("aspire_bench.decoders.ngram", "NgramDecoder", {}),
+    "draft-model": ("aspire_bench.decoders.draft_model", "DraftModelDecoder", {}),
     # ablations of the paper
     "aspire-fixed": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fixed", "gamma": 5}),
     "aspire-fsm": ("aspire_bench.decoders.aspire", "AspireDecoder", {"policy": "fsm"}),
