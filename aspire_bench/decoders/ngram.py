@@ -2,19 +2,21 @@
 
 Each step, every request looks up the longest suffix of its tokens (prompt + output, n from
 `prompt_lookup_max` down to `prompt_lookup_min`) earlier in those tokens, and proposes the up to
-gamma tokens that followed its earliest occurrence (vLLM's choice). No draft forward: a request with
-a proposal verifies it in the step's mixed forward, one without decodes as AR does. The draft is a
+gamma tokens that followed its earliest occurrence (vLLM's choice). No draft forward: every request
+verifies its proposal in the step's mixed forward; one without a match verifies no drafts, which is
+an AR step (1 token, full attention) recorded as a (0, 0) verification. The draft is a
 point mass, so the loop's rejection sampling accepts x with min(1, p(x)) and resamples a rejection
 from p without x: sampling stays lossless (docs/decoders.md#ngram).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from .base import DECODE, VERIFY
+from .base import VERIFY
 from .loop import Decoder, Plan, Policy
 
 
@@ -76,13 +78,10 @@ class NgramPolicy(Policy):
             if seq.state is None:
                 seq.state = History(seq.req.prompt_ids, seq.req.max_new_tokens)
             k = min(s.gamma, seq.max_drafts)
-            drafts = lookup(seq.state.tokens(seq.out), s.prompt_lookup_max, s.prompt_lookup_min, k).tolist()
-            if not drafts:
-                plans.append(Plan(seq, DECODE))
-                continue
-            seq.pending = drafts
-            if seq.gen is not None:  # sampling: the draft distribution q is a point mass on each draft
-                seq.qs = list(torch.nn.functional.one_hot(torch.tensor(drafts), self.vocab_size).float())
+            seq.pending = lookup(seq.state.tokens(seq.out), s.prompt_lookup_max, s.prompt_lookup_min, k).tolist()
+            if seq.gen is not None and seq.pending:  # sampling: each draft's q is a point mass on it
+                seq.qs = list(torch.nn.functional.one_hot(torch.tensor(seq.pending), self.vocab_size).float())
+            # without a match, a verification of no drafts: one token with full attention, an AR step
             plans.append(Plan(seq, VERIFY))
         return plans
 
@@ -102,7 +101,7 @@ class NgramDecoder(Decoder):
     baseline = True
     ablation = False
     draft_kind = "ngram"
-    tune_grid = {"gamma": (2, 4, 6), "prompt_lookup_max": (2, 3, 5)}
+    tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 4, 6), "prompt_lookup_max": (2, 3, 5)}
     simulated = True
     Settings = NgramSettings
     Policy = NgramPolicy

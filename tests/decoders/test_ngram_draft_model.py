@@ -70,9 +70,10 @@ def test_ngram_plan_verifies_a_match_and_decodes_without_one():
     miss = Sequence(1, Request("b", [1, 2, 3, 4, 5, 6, 7], 10), None, None, out=[8])
     near_end = Sequence(2, Request("c", [1, 2, 3, 4, 1, 2], 3), None, None, out=[3, 4])
     plans = policy.plan([hit, miss, near_end], 3)
-    assert [p.kind for p in plans] == [VERIFY, DECODE, DECODE]
+    assert [p.kind for p in plans] == [VERIFY, VERIFY, VERIFY]
     assert hit.pending == [4, 5, 1]  # gamma tokens after [1, 2, 3]
-    assert miss.pending == [] and near_end.pending == []  # one token left: nothing to draft
+    # no match; one token left (nothing to draft): a verification of no drafts, i.e. an AR step
+    assert miss.pending == [] and near_end.pending == []
 
 
 # --- greedy parity --------------------------------------------------------------------------------
