@@ -33,8 +33,8 @@ from .step_costs import DRAFT_KIND, measure_cell
 from .store import save_record
 from .tuning import TUNE_GRIDS
 
-DECODERS = ("ar", "magicdec", "vegas", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
-BASELINES = ("magicdec", "vegas")
+DECODERS = ("ar", "magicdec", "vegas", "ngram", "draft-model", "aspire", "aspire-fixed", "aspire-fsm", "aspire-norefresh")
+BASELINES = ("magicdec", "vegas", "ngram", "draft-model")
 # Named sampling settings: greedy is the parity setting, "paper" the ASPIRE paper's sampling setting.
 SAMPLINGS = {"greedy": (0.0, 0, 1.0), "paper": (PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_k, PAPER_SAMPLING.top_p)}
 # Requests per cell by default: more than one batch, so continuous batching refills slots and the
