@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from . import metrics
 from .generation import build_requests, generate
 
-TUNE_GRIDS = {"magicdec": (1, 2, 3, 4), "vegas": (1, 2, 3, 4, 6)}
+TUNE_GRIDS = {"magicdec": (1, 2, 3, 4), "vegas": (1, 2, 3, 4, 6), "ngram": (2, 4, 6), "draft-model": (2, 3, 4, 5, 6)}
 TUNE_NEW_TOKENS = 32
 TUNE_ROUNDS = 3
 TUNE_SEED_OFFSET = 10_000  # tuning draws never share a seed with a measured repeat
