@@ -14,6 +14,7 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   window   1 token, MagicDec's StreamingLLM draft view (16 sinks + 240 recent)
   vegas    1 token, a Vegas-sized token view (5% of C, at least 256 positions), only when asked
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
+  ngram    no row: prompt lookup drafts on the host, without a forward (c_ngram = 0)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
 paying a C-token prefill per row. bench/step_costs.py is the command-line front end.
@@ -41,7 +42,9 @@ KINDS = ("weights", "ar", "aspire", "window", "verify")
 # Draft cost c of each speculative decoder: which measured kind its draft rows resemble.
 DRAFT_KIND = {"magicdec": "window", "vegas": "vegas", "aspire": "aspire", "aspire-fixed": "aspire",
               "aspire-fsm": "aspire", "aspire-norefresh": "aspire", "aspire-papercost": "aspire",
-              "aspire-oracle": "aspire"}
+              "aspire-oracle": "aspire", "ngram": "ngram"}
+# Draft kinds whose drafting runs no forward: their c is 0, nothing to time.
+HOST_DRAFTS = ("ngram",)
 
 
 class Cell:
@@ -169,6 +172,8 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
     one (context, batch): at 0..gamma, or at 0, the given gammas and gamma when gammas is given.
     cell_hook(cell, res) runs before the slots are freed."""
     sync = sync_for(engine)
+    host = [k for k in kinds if k in HOST_DRAFTS]
+    kinds = [k for k in kinds if k not in HOST_DRAFTS]
     cell = Cell(engine, context, batch, gamma, seed)
     try:
         res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
@@ -181,6 +186,7 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
         for kind in ("aspire", "window", "vegas"):
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
+        res.update({f"c_{kind}": 0.0 for kind in host})
         res["v"] = res["ms"]["verify"] / ar
         verify_ms = {g: ms[("verify", g)] for g in todo}
         verify_ms[gamma] = res["ms"]["verify"]
