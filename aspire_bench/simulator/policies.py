@@ -5,7 +5,9 @@ The decisions are the policies' own code: ASPIRE's `AspirePolicy.decide` (should
 cost ratio it decided with) and `observe` (Algorithm 1 through the scheduler's pure functions, with
 the run's cost model), MagicDec's and Vegas's `lockstep` (decoders/sync.py, the function both plan
 with: every request drafts gamma tokens in lockstep, then one batched verification) and their
-`observe`, AR one token per step. What the simulator adds is each row's KV read, computed as the
+`observe`, AR one token per step, ngram a verification of its drafts every step (no draft rows: its
+lookup runs on the host; a stored run's draft lengths are replayed, since the matches need the
+tokens, and a parametric run proposes gamma every step). What the simulator adds is each row's KV read, computed as the
 engine reports it (docs/simulator.md), without building the sparse views themselves (no attention
 scores exist in a simulation).
 """
@@ -24,20 +26,23 @@ from ..engine import SCATTERED_HEAD, scattered_positions
 from ..errors import UserError
 
 __all__ = ["DECODE", "DRAFT", "VERIFY", "SimPolicy"]
-DRAFT_KINDS = {"ARDecoder": None, "MagicDecDecoder": "magicdec", "VegasDecoder": "vegas", "AspireDecoder": "aspire"}
+DRAFT_KINDS = {"ARDecoder": None, "MagicDecDecoder": "magicdec", "VegasDecoder": "vegas", "AspireDecoder": "aspire",
+               "NgramDecoder": "ngram"}
 
 
 class SimPolicy:
     def __init__(self, name: str, stored: dict | None = None, cost: CostModel | None = None, page_size: int = 16,
-                 num_layers: int = 0, draft_scattered: dict[str, list[int]] | None = None):
+                 num_layers: int = 0, draft_scattered: dict[str, list[int]] | None = None,
+                 draft_lengths: dict[str, list[int]] | None = None):
         """`draft_scattered`: per request, the scattered positions the engine counted for each of its
         draft rows in a stored run, in order (ASPIRE: without attention scores there are no pages to
-        count; beyond them, or without them, a draft is priced as its policy prices it, draft_kv)."""
+        count; beyond them, or without them, a draft is priced as its policy prices it, draft_kv).
+        `draft_lengths`: per request, the drafts of each of its verifications in a stored run (ngram)."""
         if name not in _REGISTRY:
             raise UserError(f"unknown decoder {name!r}: choose one of {', '.join(_REGISTRY)}")
         cls = _REGISTRY[name][1]
         if cls not in DRAFT_KINDS:
-            raise UserError(f"decoder {name!r} has no simulator policy: simulate ar, magicdec, vegas or aspire")
+            raise UserError(f"decoder {name!r} has no simulator policy: simulate ar, magicdec, vegas, aspire or ngram")
         self.draft_kind = DRAFT_KINDS[cls]
         dec = get_decoder(name)
         known = {f.name for f in fields(dec.config)} if hasattr(dec.config, "__dataclass_fields__") else set()
@@ -54,6 +59,7 @@ class SimPolicy:
             self.policy = dec.Policy(dec.config, page_size, num_layers)
         self.scheduler_cost = cost if self.draft_kind == "aspire" else None
         self._scattered = {rid: deque(counts) for rid, counts in (draft_scattered or {}).items()}
+        self._lengths = {rid: deque(ds) for rid, ds in (draft_lengths or {}).items()}
         self._assumed: list[int | None] = []  # ASPIRE: per row of the step, a draft's scattered bound
 
     def new_sequence(self, index: int, rid: str, prompt_len: int, max_new: int) -> Sequence:
@@ -71,10 +77,18 @@ class SimPolicy:
         if self.draft_kind == "aspire":
             self._assumed = []
             return [self._aspire_row(s, batch) for s in seqs]
+        if self.draft_kind == "ngram":
+            return [self._ngram_row(s) for s in seqs]
         plans, self.policy.cycle = lockstep(seqs, self.config.gamma, self.policy.cycle, lambda s, p: None)
         kinds = {id(p.seq): p.kind for p in plans}
         return [None if id(s) not in kinds else self._verify(s) if kinds[id(s)] == VERIFY else
                 (DRAFT, 1, *self._sync_draft_kv(s), 0) for s in seqs]
+
+    def _ngram_row(self, seq: Sequence) -> tuple:
+        """Every step a verification of the next recorded draft length (gamma when none is left)."""
+        lengths = self._lengths.get(seq.req.id)
+        seq.pending = [0] * min(lengths.popleft() if lengths else self.config.gamma, seq.max_drafts)
+        return self._verify(seq)
 
     def _verify(self, seq: Sequence) -> tuple:
         """A verify row, with the scores it captures as the engine counts them (per layer, mean): ASPIRE's

@@ -106,7 +106,8 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
         for row in step.rows:
             if row[1] == DRAFT:
                 drafts[row[0]].append(row[7])
-    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts)
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts,
+                       {r.id: [d for d, _ in r.verifications] for r in record.requests})
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
     out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)
@@ -136,7 +137,7 @@ def measured_alphas(store, run_ids) -> dict[str, list[tuple[float, float]]]:
         alpha = alpha_mle([v for r in rec.requests for v in r.verifications])
         if kind is None or alpha is None:
             raise UserError(f"run {rid} ({name}) has no verifications to estimate an acceptance from: pass runs "
-                            "of magicdec, vegas or aspire")
+                            "of magicdec, vegas, aspire or ngram")
         table.setdefault(kind, []).append((float(median(r.prompt_len for r in rec.requests)), alpha))
     return table
 
