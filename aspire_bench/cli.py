@@ -347,9 +347,9 @@ def tasks_command():
 @main.command("decoders")
 def decoders_command():
     """List the decoders."""
-    from .decoders import decoder_names
+    from .decoders import decoder_names, describe_decoder
     for name in decoder_names():
-        click.echo(name)
+        click.echo(f"{name:18s} {describe_decoder(name)}".rstrip())
 
 
 @main.command("calibrate")

@@ -38,6 +38,14 @@ def decoder_names() -> list[str]:
     return [*_REGISTRY, *_plugins()]
 
 
+def describe_decoder(name: str) -> str:
+    """A built-in decoder class's one-line `description` ('' for plug-ins and for settings aliases)."""
+    if name not in _REGISTRY or _REGISTRY[name][2]:
+        return ""
+    module, cls, _ = _REGISTRY[name]
+    return getattr(getattr(importlib.import_module(module), cls), "description", "")
+
+
 def _decoder_class(name: str) -> tuple[type, dict]:
     if name in _REGISTRY:
         module, cls, defaults = _REGISTRY[name]
