@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -172,7 +173,7 @@ class DraftModelDecoder(Decoder):
     baseline = True
     ablation = False
     draft_kind = "draft-model"
-    tune_grid = {"gamma": (2, 3, 4, 5, 6)}
+    tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 3, 4, 5, 6)}
     simulated = False  # its draft steps are another model's forwards: not in the step-cost model
     Settings = DraftModelSettings
     Policy = DraftModelPolicy
