@@ -163,8 +163,9 @@ class DraftModelPolicy(Policy):
         seq.extra.setdefault("schedule", []).append({"gamma": drafted})
 
     def info(self):
-        c = self.draft.cfg
-        return {"draft_model_path": self.draft.name, "draft_layers": c.num_layers}
+        path = Path(self.draft.name)
+        return {"draft_model_used": "tiny-draft" if path == SHIPPED else str(path),
+                "draft_layers": self.draft.cfg.num_layers}
 
 
 class DraftModelDecoder(Decoder):
