@@ -10,6 +10,7 @@ from conftest import make_checkpoint
 from test_decoder_quality import SAMPLED, check_distribution, rank_counts
 from test_decoders import make_requests
 
+from aspire_bench import corpus
 from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop, speculative
 from aspire_bench.decoders.base import DECODE, VERIFY
 from aspire_bench.decoders.ngram import NgramPolicy, NgramSettings, lookup
@@ -173,8 +174,9 @@ def _accept_by_q(target_logits, drafts, qs, params, gen, p=None, us=None):
     return len(drafts), sample_from(p[len(drafts)], gen)
 
 
+# (for ngram's point-mass q, accepting with probability q(x) is accepting always)
 @pytest.mark.parametrize("name, broken", [("ngram", _always_accept), ("draft-model", _always_accept),
-                                          ("ngram", _accept_by_q), ("draft-model", _accept_by_q)])
+                                          ("draft-model", _accept_by_q)])
 def test_the_check_rejects_a_broken_acceptance_rule(name, broken, engines, per_row_sampling, monkeypatch):
     monkeypatch.setattr(speculative, "accept_sampling", broken)
     reqs, out = sampled_run(engines, name)
@@ -208,3 +210,39 @@ def test_draft_prefill_is_a_prefill_step_and_drafts_run_inside_the_verify_step(e
     for r in reqs:  # the target's chunks, then the draft's whole prompt in one traced step
         assert sum(prefill_tokens[r.id][:-1]) == len(r.prompt_ids) == prefill_tokens[r.id][-1]
     assert VERIFY in {row.kind for s in out.steps for row in s.rows} <= {"prefill", VERIFY, DECODE}
+
+
+# --- with the bundled model and the harness -------------------------------------------------------
+
+def test_both_run_with_their_defaults_on_the_bundled_model():
+    """`--decoder draft-model` needs no setting for the bundled model (its shipped draft); greedy output
+    equals AR's for both, and the drafts are really checked."""
+    engine = Engine.from_pretrained("tiny")
+    text = "\n".join(f.text for f in corpus.list_files("heldout")[:3])
+    ids = engine.tokenizer.encode(text)
+    reqs = [Request(str(i), ids[i * 700: i * 700 + 300 + 100 * i], 8 + 2 * i) for i in range(3)]
+    ar = get_decoder("ar").generate(engine, reqs, SamplingParams(), 2)
+    for name in ("ngram", "draft-model"):
+        out = get_decoder(name).generate(engine, reqs, SamplingParams(), 2)
+        assert [r.output_ids for r in out.results] == [r.output_ids for r in ar.results], name
+        assert sum(d for r in out.results for d, _ in r.verifications) > 0, name
+    assert out.info["draft_model_used"] == "tiny-draft" and out.info["draft_layers"] == 2
+
+
+def test_best_baseline_is_the_fastest_of_all_four_baselines():
+    from aspire_bench.harness import records
+    from aspire_bench.harness.bench import BenchRow, derive_figures
+
+    def row(decoder, tok_s):  # 4 requests of 10 tokens, each in 10 / tok_s seconds
+        rec = records.RunRecord({"decoder": decoder}, "h", {}, info={
+            "decode_samples": [[str(i), 0, 10, 10 / tok_s] for i in range(4)]})
+        return BenchRow("1k", 2, "greedy", rec)
+
+    rows = [row("ar", 10), row("magicdec", 12), row("vegas", 11), row("ngram", 15), row("draft-model", 13),
+            row("aspire", 18)]
+    derive_figures(rows, None)
+    assert {r.figures["best_baseline"] for r in rows[1:]} == {"ngram"}
+    assert rows[-1].figures["speedup_vs_best_baseline"] == pytest.approx(18 / 15)
+    rows[4] = row("draft-model", 16)
+    derive_figures(rows, None)
+    assert rows[-1].figures["best_baseline"] == "draft-model"
