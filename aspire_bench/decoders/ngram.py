@@ -71,6 +71,8 @@ class History:
 
 
 class NgramPolicy(Policy):
+    vocab_size, device = 0, "cpu"  # the target's, for the point-mass draft distributions
+
     def plan(self, seqs, batch):
         s = self.settings
         plans = []
@@ -80,7 +82,8 @@ class NgramPolicy(Policy):
             k = min(s.gamma, seq.max_drafts)
             seq.pending = lookup(seq.state.tokens(seq.out), s.prompt_lookup_max, s.prompt_lookup_min, k).tolist()
             if seq.gen is not None and seq.pending:  # sampling: each draft's q is a point mass on it
-                seq.qs = list(torch.nn.functional.one_hot(torch.tensor(seq.pending), self.vocab_size).float())
+                drafts = torch.tensor(seq.pending, device=self.device)
+                seq.qs = list(torch.nn.functional.one_hot(drafts, self.vocab_size).float())
             # without a match, a verification of no drafts: one token with full attention, an AR step
             plans.append(Plan(seq, VERIFY))
         return plans
@@ -88,7 +91,7 @@ class NgramPolicy(Policy):
     @classmethod
     def for_run(cls, settings, engine, batch_size, requests=()):
         policy = super().for_run(settings, engine, batch_size, requests)
-        policy.vocab_size = engine.cfg.vocab_size
+        policy.vocab_size, policy.device = engine.cfg.vocab_size, engine.device
         return policy
 
     def observe(self, seq, drafted, accepted):
