@@ -97,7 +97,7 @@ def alpha_mle(verifications) -> float | None:
 
 def parse_alpha(spec: str | None) -> dict[str, list[tuple[float, float]]]:
     """--alpha: a number for every draft kind, `kind=alpha,...`, or a JSON file
-    {kind: [[context, alpha], ...]} (kinds: aspire, magicdec, vegas, or * for any)."""
+    {kind: [[context, alpha], ...]} (kinds: aspire, magicdec, vegas, ngram, or * for any)."""
     if spec is None:
         raise UserError("a parametric simulation needs --alpha (a number, kind=alpha pairs or a JSON table)")
     path = Path(spec)
