@@ -21,6 +21,8 @@ BUILTIN = {
     "magicdec": "aspire_bench.decoders.magicdec:MagicDecDecoder",
     "vegas": "aspire_bench.decoders.vegas:VegasDecoder",
     "aspire": "aspire_bench.decoders.aspire:AspireDecoder",
+    "ngram": "aspire_bench.decoders.ngram:NgramDecoder",
+    "draft-model": "aspire_bench.decoders.draft_model:DraftModelDecoder",
     "aspire-fixed": "aspire_bench.decoders.aspire:AspireFixedDecoder",
     "aspire-fsm": "aspire_bench.decoders.aspire:AspireFsmDecoder",
     "aspire-norefresh": "aspire_bench.decoders.aspire:AspireNoRefreshDecoder",

@@ -13,10 +13,11 @@ and the step traces (each row's KV read as the engine reports it). A method is a
   policy.observe(seq, drafted, accepted)
       after each verification of `seq` (its tokens are already committed and its KV rolled back).
 
-and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `prefill_capture()`,
+and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `admitted(seq)` (after
+its prompt's prefill; returns the tokens of the policy's own prefill, e.g. a draft model's), `prefill_capture()`,
 `scores(seq, scores)` (captured attention scores of a row after it was applied), `step_done(trace)`
 and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
-run's state (cost model, cycle counters); per-request state lives in `RequestState.state`, so a policy
+run's state (cost model, cycle counters; `params`, the run's sampling settings); per-request state lives in `RequestState.state`, so a policy
 can be driven without an engine: the simulator calls plan/observe/scores/step_done on plain requests
 and prices each planned row by `reads(plan)`. A drafter that needs no forward (an n-gram lookup)
 puts its drafts on the request in `plan` (RequestState.propose) and plans a VERIFY row.
@@ -31,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
@@ -67,6 +69,8 @@ class Plan:
 class Policy:
     """Defaults for the optional hooks; see the module docstring for the contract."""
 
+    params: SamplingParams | None = None  # set by the loop for a run
+
     def __init__(self, settings, page_size: int, num_layers: int, cost: CostModel | None = None):
         """cost: the step-cost model of the run, for a policy that decides with one (else unused)."""
         self.settings, self.page_size, self.num_layers, self.cost = settings, page_size, num_layers, cost
@@ -81,6 +85,10 @@ class Policy:
 
     def new_state(self):
         return None
+
+    def admitted(self, seq: RequestState) -> int:
+        """After the prompt's prefill: the tokens of the policy's own prefill (0 = none)."""
+        return 0
 
     def prefill_capture(self) -> Capture | None:
         """Scores to capture at the last prompt token (seeds a sparse draft view)."""
@@ -216,7 +224,7 @@ class Decoder:
     baseline = False  # a published method the others are compared with ("x best baseline")
     ablation = False  # a variant of another decoder, run by name only (not in bench's default set)
     draft_kind: str | None = None  # the draft row step costs time and the simulator prices (None: no drafts)
-    tune_grid: dict[str, tuple] = {}  # bench's tuned row: settings -> values tried ({}: not tuned)
+    tune_grid: ClassVar[dict[str, tuple]] = {}  # bench's tuned row: settings -> values tried ({}: not tuned)
     simulated = True  # `aspire-bench simulate` can model it (its policy runs without an engine)
     uses_cost_model = False  # its policy decides with the step-cost model (Policy.cost)
 
@@ -239,6 +247,7 @@ class Decoder:
         _check(engine, requests)
         policy = self.Policy.for_run(self.config, engine, batch_size, requests)
         sampler = Sampler(params, engine.device, engine.cfg.vocab_size)
+        policy.params = params
         # Equal slots of the longest request's size: any freed slot fits any waiting request, so
         # continuous batching never fragments the pool.
         ps = engine.page_size
@@ -359,4 +368,7 @@ def _admit(engine: Engine, policy: Policy, sampler: Sampler, slot_size: int, i: 
         engine.save_prefix(slot, ids[:-1])
     if capture:
         policy.scores(seq, out.captures.get(0, {}))
+    t0 = clock()
+    if not seq.finish and (n := policy.admitted(seq)):  # the policy's own prefill: a step of its own
+        steps.append(StepTrace(len(steps), t0, clock(), [RowTrace(req.id, PREFILL, n, 0)]))
     return seq

@@ -6,6 +6,7 @@ sink + window view at the original positions instead of a separately built small
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..engine import TokenView
 from .loop import Decoder, Policy
@@ -46,4 +47,4 @@ class MagicDecDecoder(Decoder):
     description = "MagicDec: StreamingLLM self-speculation (sinks + recent window), fixed gamma, synchronous"
     baseline = True
     draft_kind = "window"
-    tune_grid = {"gamma": (1, 2, 3, 4)}
+    tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (1, 2, 3, 4)}

@@ -7,6 +7,7 @@ top-k tokens plus every token written since the verification. Fixed gamma, synch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -84,4 +85,4 @@ class VegasDecoder(Decoder):
     description = "Vegas: verification-guided top-k token views per layer, fixed gamma, synchronous"
     baseline = True
     draft_kind = "vegas"
-    tune_grid = {"gamma": (1, 2, 3, 4, 6)}
+    tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (1, 2, 3, 4, 6)}

@@ -35,7 +35,7 @@ from . import metrics, records
 from .generation import generate
 from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, prepare, traced_repeat
-from .step_costs import TIMED_DRAFTS, measure_cell
+from .step_costs import HOST_DRAFTS, TIMED_DRAFTS, measure_cell
 from .store import save_record
 from .tuning import tuned_settings
 
@@ -380,7 +380,7 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
     """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
     drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
-    kinds = {trait(r.decoder, "draft_kind") for r in rows} & set(TIMED_DRAFTS)
+    kinds = {trait(r.decoder, "draft_kind") for r in rows} & {*TIMED_DRAFTS, *HOST_DRAFTS}
     if not drafted or not kinds:
         return None
     context, _ = parse_bucket(cell.context_len)

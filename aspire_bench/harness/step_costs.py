@@ -15,6 +15,7 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   vegas    1 token, a token view of Vegas's default budget (its ratio of C, at least its min_tokens),
            only when asked
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
+  ngram    no row: prompt lookup drafts on the host, without a forward (c_ngram = 0)
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
 paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end. A decoder's
@@ -43,6 +44,8 @@ from ..engine import Capture, Engine, PageView, Row, TokenView
 
 KINDS = ("weights", "ar", "aspire", "window", "verify")
 TIMED_DRAFTS = ("aspire", "window", "vegas")  # the draft rows a Cell builds (c_<kind>)
+# Draft kinds whose drafting runs no forward: their c is 0, nothing to time.
+HOST_DRAFTS = ("ngram",)
 
 
 class Cell:
@@ -173,6 +176,8 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
     one (context, batch): at 0..gamma, or at 0, the given gammas and gamma when gammas is given.
     cell_hook(cell, res) runs before the slots are freed."""
     sync = sync_for(engine)
+    host = [k for k in kinds if k in HOST_DRAFTS]
+    kinds = [k for k in kinds if k not in HOST_DRAFTS]
     cell = Cell(engine, context, batch, gamma, seed)
     try:
         res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
@@ -185,6 +190,7 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
         for kind in TIMED_DRAFTS:
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
+        res.update({f"c_{kind}": 0.0 for kind in host})
         res["v"] = res["ms"]["verify"] / ar
         verify_ms = {g: ms[("verify", g)] for g in todo}
         verify_ms[gamma] = res["ms"]["verify"]

@@ -72,6 +72,20 @@ def shape_summary(config) -> str:
             "in bf16")
 
 
+def keep_only_layers(model, keep: tuple[int, ...]) -> None:
+    """Drop every decoder layer of a Qwen3ForCausalLM but `keep` (in that order), in place."""
+    layers = model.model.layers
+    if any(not 0 <= i < len(layers) for i in keep):
+        raise ValueError(f"--keep-layers {keep}: the checkpoint has layers 0..{len(layers) - 1}")
+    model.model.layers = torch.nn.ModuleList(layers[i] for i in keep)
+    for j, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = j
+    cfg = model.config
+    cfg.num_hidden_layers = len(keep)
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = [cfg.layer_types[i] for i in keep]
+
+
 # --- tokenizer -----------------------------------------------------------------------------------
 
 def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int):
@@ -308,6 +322,7 @@ def train_tiny(
     eval_contexts: tuple[int, ...] = (4096,),
     corpus_name: str = "stdlib",
     tokenizer_from: str | Path | None = None,
+    keep_layers: tuple[int, ...] | None = None,
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
 
@@ -322,7 +337,8 @@ def train_tiny(
     (as `heldout_loss_<context>`), and the weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
     against tokens afterwards. `corpus_name` picks the training corpus (corpus.training_files).
     `tokenizer_from` starts a new model with another checkpoint's tokenizer instead of training one,
-    so that held-out losses (nats per token) compare across shapes.
+    so that held-out losses (nats per token) compare across shapes. `keep_layers` starts from those
+    layers of `init_from` only (a draft model made from its target).
     """
     s = settings or TrainSettings()
     s.max_steps = max_steps
@@ -361,6 +377,8 @@ def train_tiny(
     else:
         model = Qwen3ForCausalLM.from_pretrained(str(init_from), dtype=torch.float32,
                                                  attn_implementation="sdpa").to(device)
+        if keep_layers:
+            keep_only_layers(model, keep_layers)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"shape {shape_summary(model.config)}", flush=True)
     print(f"params {n_params:,}  corpus {len(files)} files  "
@@ -442,6 +460,7 @@ def train_tiny(
         "settings": asdict(s),
         "params": n_params,
         "tokenizer_from": None if tokenizer_from is None else str(tokenizer_from),
+        "kept_layers": list(keep_layers) if keep_layers else None,
         "tokens_seen": tokens_seen + (previous["tokens_seen"] if previous else 0),  # over the whole chain
         "tokens_seen_this_run": tokens_seen,
         "train_wall_s": round(time.time() - t_train, 1),
@@ -534,6 +553,11 @@ def _main(argv: list[str] | None = None) -> int:
                     help="a new model's hidden size (default 128); decoding reads it once per step")
     ap.add_argument("--intermediate-size", type=int, default=None,
                     help="a new model's MLP width (default 384); costs weights, not KV cache")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="a new model's number of layers (default 16); a draft model for the bundled one takes 2")
+    ap.add_argument("--keep-layers", default=None,
+                    help="with --init-from: start from only these layers of it, comma-separated (e.g. 0,15: "
+                         "a draft model made from its target)")
     ap.add_argument("--tokenizer-from", default=None,
                     help="start a new model with this checkpoint's tokenizer instead of training one "
                          "(held-out losses then compare with that checkpoint's)")
@@ -552,13 +576,24 @@ def _main(argv: list[str] | None = None) -> int:
                            ("warmup_steps", args.warmup_steps >= 0, "an integer >= 0")):
         if not ok:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be {rule}")
-    shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size))
-             if v is not None}
+    shape = {k: v for k, v in (("hidden_size", args.hidden_size), ("intermediate_size", args.intermediate_size),
+                               ("num_hidden_layers", args.layers)) if v is not None}
     if any(v <= 0 for v in shape.values()):
-        ap.error("--hidden-size and --intermediate-size must be positive")
+        ap.error("--hidden-size, --intermediate-size and --layers must be positive")
     if args.init_from and (shape or args.tokenizer_from):
         ap.error("--init-from continues a checkpoint with its own shape and tokenizer: "
-                 "drop --hidden-size/--intermediate-size/--tokenizer-from, or --init-from")
+                 "drop --hidden-size/--intermediate-size/--layers/--tokenizer-from, or --init-from")
+    keep_layers = None
+    if args.keep_layers is not None:
+        try:
+            keep_layers = tuple(int(x) for x in args.keep_layers.split(","))
+        except ValueError:
+            ap.error(f"--keep-layers takes comma-separated layer indices, got {args.keep_layers!r}")
+        if not args.init_from:
+            ap.error("--keep-layers needs --init-from (the checkpoint whose layers it keeps)")
+        n = json.loads((Path(args.init_from) / "config.json").read_text())["num_hidden_layers"]
+        if not keep_layers or any(not 0 <= i < n for i in keep_layers):
+            ap.error(f"--keep-layers {args.keep_layers}: {args.init_from} has layers 0..{n - 1}")
     if args.tokenizer_from and not (Path(args.tokenizer_from) / "tokenizer.json").is_file():
         ap.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json there (give a checkpoint directory, "
                  "e.g. aspire_bench/assets/tiny)")
@@ -588,7 +623,7 @@ def _main(argv: list[str] | None = None) -> int:
         train_tiny(args.out, device=args.device, max_steps=args.steps, minutes=args.minutes, seed=args.seed,
                    threads=args.threads, command=command, init_from=args.init_from, settings=settings,
                    checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, eval_contexts=eval_contexts,
-                   corpus_name=args.corpus, tokenizer_from=args.tokenizer_from)
+                   corpus_name=args.corpus, tokenizer_from=args.tokenizer_from, keep_layers=keep_layers)
     return 0
 
 

@@ -211,7 +211,11 @@ def test_learning_curve_extrapolation_solves_its_fits():
     (["--long-lens", "4096,x"], "--long-lens takes comma-separated integers"),
     (["--eval-contexts", "4k"], "--eval-contexts takes comma-separated integers"),
     (["--eval-contexts", "4096,1"], "--eval-contexts entries must be at least 2 tokens"),
-    (["--hidden-size", "0"], "--hidden-size and --intermediate-size must be positive"),
+    (["--hidden-size", "0"], "--hidden-size, --intermediate-size and --layers must be positive"),
+    (["--layers", "0"], "--hidden-size, --intermediate-size and --layers must be positive"),
+    (["--keep-layers", "0,15"], "--keep-layers needs --init-from"),
+    (["--init-from", str(TINY_DIR), "--keep-layers", "0,16"], "has layers 0..15"),
+    (["--init-from", str(TINY_DIR), "--keep-layers", "a"], "--keep-layers takes comma-separated layer indices"),
     (["--init-from", str(TINY_DIR), "--intermediate-size", "768"], "--init-from continues a checkpoint"),
     (["--tokenizer-from", "."], "--tokenizer-from .: no tokenizer.json there"),
 ])
@@ -221,3 +225,27 @@ def test_train_tiny_refuses_bad_lists_in_one_line(tmp_path, capsys, args, messag
         main(["--out", str(tmp_path / "out"), *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_keep_only_layers_keeps_those_layers_in_order(checkpoints):
+    from transformers import Qwen3ForCausalLM
+
+    from aspire_bench.tinymodel.train import keep_only_layers
+    path, _ = checkpoints["qwen3"]
+    model = Qwen3ForCausalLM.from_pretrained(str(path))
+    first, last = model.model.layers[0], model.model.layers[3]
+    keep_only_layers(model, (0, 3))
+    assert list(model.model.layers) == [first, last] and model.config.num_hidden_layers == 2
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1]
+    with torch.no_grad():  # the truncated model runs
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, model.config.vocab_size)
+
+
+def test_shipped_draft_shares_the_bundled_models_vocabulary_and_width():
+    draft = TINY_DIR.parent / "tiny-draft"
+    cfg, target = (json.loads((d / "config.json").read_text()) for d in (draft, TINY_DIR))
+    assert cfg["num_hidden_layers"] == 2
+    assert all(cfg[k] == target[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim",
+                                             "num_key_value_heads", "eos_token_id"))
+    assert (draft / "tokenizer.json").read_bytes() == (TINY_DIR / "tokenizer.json").read_bytes()
+    assert (draft / "model.safetensors").stat().st_size < 2e6

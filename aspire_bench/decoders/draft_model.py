@@ -1,0 +1,180 @@
+"""A separate draft model (Leviathan et al. 2023, Chen et al. 2023; vLLM's draft-model method).
+
+A smaller model with the target's vocabulary drafts gamma tokens per request, one batched forward of
+its own engine (its own weights and KV pool, in this process) per draft token; the target verifies
+every request's drafts in the step's mixed forward with the loop's rejection sampling. The draft's KV
+of a request is rolled back with the target's after each verification, and caught up on the tokens
+it has not seen (the correction or bonus token) at the next step's first draft forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from ..engine import Engine, Row, load_model, load_tokenizer, resolve_model_path
+from ..engine.loading import TINY_DIR
+from ..errors import ConfigError
+from .base import DECODE, VERIFY
+from .loop import Decoder, Plan, Policy
+from .sampler import logits_to_probs, sample_from, stack_rows
+
+SHIPPED = TINY_DIR.parent / "tiny-draft"  # a 2-layer draft for the bundled model, same tokenizer
+AUTO = "auto"  # the shipped draft for the bundled model; other targets name theirs
+
+
+@dataclass(frozen=True)
+class DraftModelSettings:
+    gamma: int = 4  # draft tokens per verification
+    draft_model: str = AUTO  # a checkpoint directory, `tiny`, `tiny-draft`, or auto
+
+    def __post_init__(self):
+        if self.gamma < 1:
+            raise ValueError("gamma must be >= 1 (gamma=0 is AR: use --decoders ar)")
+        if self.draft_model not in (AUTO, "tiny", "tiny-draft") and not Path(self.draft_model).expanduser().is_dir():
+            raise ValueError(f"draft_model={self.draft_model}: no such checkpoint directory (give a local "
+                             "checkpoint with the target's vocabulary, or tiny-draft)")
+
+
+def draft_path(name: str, target: Engine) -> Path:
+    """The draft checkpoint a setting names for this target."""
+    if name == AUTO:
+        if not _is_bundled(target):
+            raise ConfigError("decoder 'draft-model' has no default draft for this model: pass --decoder-arg "
+                              "draft_model=PATH (a checkpoint with the target's vocabulary)")
+        name = "tiny-draft"
+    if name == "tiny-draft":
+        if not (SHIPPED / "config.json").is_file():
+            raise ConfigError(f"the shipped draft model is missing from {SHIPPED}: reinstall aspire-bench or "
+                              "pass --decoder-arg draft_model=PATH")
+        return SHIPPED
+    return resolve_model_path(name)
+
+
+def _is_bundled(engine: Engine) -> bool:
+    try:
+        return engine.name == "tiny" or Path(engine.name).resolve() == TINY_DIR
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=2)
+def _load(path: str, dtype: torch.dtype, device: str, page_size: int, prefill_chunk: int) -> Engine:
+    return Engine(load_model(path, dtype, device), load_tokenizer(path), page_size=page_size,
+                  prefill_chunk=prefill_chunk, name=path)
+
+
+def draft_engine(name: str, target: Engine) -> Engine:
+    """The draft's engine (loaded once per process), checked against the target: same vocabulary."""
+    path = draft_path(name, target)
+    draft = _load(str(path), target.dtype, str(target.device), target.page_size, target.prefill_chunk)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ConfigError(f"draft model {path} has a vocabulary of {draft.cfg.vocab_size} tokens, the target "
+                          f"{target.cfg.vocab_size}: pass a draft with the target's tokenizer")
+    if (draft.tokenizer is not None and target.tokenizer is not None
+            and draft.tokenizer.get_vocab() != target.tokenizer.get_vocab()):
+        raise ConfigError(f"draft model {path} has another tokenizer than the target's: pass a draft with the "
+                          "target's tokenizer")
+    draft.backend = target.backend  # the same attention kernels as the target's
+    return draft
+
+
+class DraftModelPolicy(Policy):
+    @classmethod
+    def for_run(cls, settings, engine, batch_size, requests=()):
+        policy = super().for_run(settings, engine, batch_size, requests)
+        draft = policy.draft = draft_engine(settings.draft_model, engine)
+        need = max((len(r.prompt_ids) + r.max_new_tokens for r in requests), default=1)
+        if need > draft.max_context:
+            raise ConfigError(f"the draft model's maximum context is {draft.max_context} tokens, a request needs "
+                              f"{need}: shorten the context or pass another draft_model")
+        policy.slot_size = -(-need // draft.page_size) * draft.page_size
+        draft.reserve(policy.slot_size * max(1, min(batch_size, len(requests))))
+        # the target's prefix cache on (bench): the draft prefills each prompt once too
+        if engine.prefix_cache is None:
+            draft.prefix_cache = None
+        elif draft.prefix_cache is None:
+            draft.prefix_cache = {}
+        policy.slots = {}  # Sequence -> its slot in the draft's KV pool
+        return policy
+
+    def _free_finished(self) -> None:
+        for seq in [s for s in self.slots if s.finish]:
+            self.draft.free(self.slots.pop(seq))
+
+    def admitted(self, seq):
+        """The draft's prefill of the prompt (its first output token is fed at the first draft step)."""
+        self._free_finished()
+        draft, ids = self.draft, seq.req.prompt_ids
+        slot = self.slots[seq] = draft.alloc(self.slot_size)
+        if draft.restore_prefix(slot, ids):
+            return 0
+        for start in range(0, len(ids), draft.prefill_chunk):
+            draft.forward([Row(slot, ids[start:start + draft.prefill_chunk], start, logits="none")])
+        draft.save_prefix(slot, ids)
+        return len(ids)
+
+    def plan(self, seqs, batch):
+        self._free_finished()
+        todo = {seq: min(self.settings.gamma, seq.max_drafts) for seq in seqs}
+        todo = {seq: k for seq, k in todo.items() if k > 0}
+        if todo:
+            self._draft(todo)
+        return [Plan(seq, VERIFY if seq in todo else DECODE) for seq in seqs]
+
+    def _draft(self, todo: dict) -> None:
+        """k draft tokens per sequence, one batched draft forward per token: the first forward also feeds
+        the committed tokens the draft's KV lacks."""
+        params = self.params
+        greedy = params is None or params.greedy
+        rows = []
+        for seq in todo:
+            slot, P = self.slots[seq], len(seq.req.prompt_ids)
+            start = slot.length
+            toks = seq.out[start - P:] if start >= P else list(seq.req.prompt_ids[start:]) + seq.out
+            rows.append(Row(slot, toks, start, logits="last"))
+        live = list(todo)
+        while live:
+            logits = stack_rows([lg[-1:] for lg in self.draft.forward(rows).logits])
+            if greedy:
+                picks, qs = logits.argmax(-1).tolist(), None
+            else:
+                qs = logits_to_probs(logits, params)
+                picks = [sample_from(q, seq.gen, seq.uniforms(1)[0]) for seq, q in zip(live, qs)]
+            rows, still = [], []
+            for i, (seq, tok) in enumerate(zip(live, picks)):
+                seq.pending.append(tok)
+                if qs is not None:
+                    seq.qs.append(qs[i])
+                if len(seq.pending) < todo[seq]:
+                    slot = self.slots[seq]
+                    rows.append(Row(slot, [tok], slot.length, logits="last"))
+                    still.append(seq)
+            live = still
+
+    def observe(self, seq, drafted, accepted):
+        """The draft's KV keeps the committed tokens it has seen (the last one is fed next step)."""
+        slot = self.slots.get(seq)
+        if slot is not None:
+            self.draft.rollback(slot, min(slot.length, seq.context_len - 1))
+        seq.extra.setdefault("schedule", []).append({"gamma": drafted})
+
+    def info(self):
+        path = Path(self.draft.name)
+        return {"draft_model_used": "tiny-draft" if path == SHIPPED else str(path),
+                "draft_layers": self.draft.cfg.num_layers}
+
+
+class DraftModelDecoder(Decoder):
+    name = "draft-model"
+    description = "a separate small draft model (same vocabulary) drafts gamma tokens; the target verifies"
+    baseline = True
+    ablation = False
+    draft_kind = "draft-model"
+    tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 3, 4, 5, 6)}
+    simulated = False  # its draft steps are another model's forwards: not in the step-cost model
+    Settings = DraftModelSettings
+    Policy = DraftModelPolicy
