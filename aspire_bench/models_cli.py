@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .harness.tables import emit, format_option, info
+from .harness.tables import emit, examples, format_option, info
 
 
 def _rows() -> list[dict]:
@@ -33,7 +33,8 @@ def _rows() -> list[dict]:
     return rows
 
 
-@click.group("models", invoke_without_command=True)
+@click.group("models", invoke_without_command=True,
+             epilog=examples("aspire-bench models", "aspire-bench models get smollm2-135m"))
 @format_option
 @click.pass_context
 def models_group(ctx, fmt):
@@ -42,7 +43,7 @@ def models_group(ctx, fmt):
         ctx.invoke(list_command, fmt=fmt)
 
 
-@models_group.command("list")
+@models_group.command("list", epilog=examples("aspire-bench models list"))
 @format_option
 def list_command(fmt):
     """Every model --model can name, whether it is ready and where it lives."""
@@ -56,7 +57,7 @@ def list_command(fmt):
     emit(table, fmt, data=rows)
 
 
-@models_group.command("get")
+@models_group.command("get", epilog=examples("aspire-bench models get smollm2-135m"))
 @click.argument("name")
 @format_option
 def get_command(name, fmt):

@@ -325,8 +325,9 @@ def calibration_problem(data) -> str | None:
 
     if not isinstance(data, dict):
         return f"a JSON object is expected, not {type(data).__name__}"
+    samples_only = not any(k in data for k in REQUIRED_TERMS) and isinstance(data.get("samples"), list) and data["samples"]
     for k in (*REQUIRED_TERMS, *OPTIONAL_TERMS):
-        if k not in data and k in OPTIONAL_TERMS:
+        if k not in data and (k in OPTIONAL_TERMS or samples_only):  # samples alone: fitted when read
             continue
         if not number(data.get(k)):
             return f"{k} must be a finite number >= 0, got {data.get(k)!r}"

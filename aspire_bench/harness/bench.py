@@ -197,8 +197,8 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
         raise ConfigError("--repeat must be at least 1")
     engine = load_engine(model, dtype, device, attention_backend)
     for d in decoders:  # settings against the model (a layer index) before the first cell runs
-        name, args = decoder_spec(d)
-        check_for_model(get_decoder(name, **dict(args)), engine.cfg.num_layers)
+        dname, args = decoder_spec(d)
+        check_for_model(get_decoder(dname, **dict(args)), engine.cfg.num_layers)
     tolerance = resolve_tolerance(parity_tolerance, engine.dtype)
     engine.prefix_cache = {}
     bandwidth = memory_read_bandwidth()

@@ -11,7 +11,6 @@ from pathlib import Path
 from aspire_bench.harness import figures
 from aspire_bench.harness.figures import cell
 from aspire_bench.harness.records import NON_IDENTITY_KEYS, RunRecord, canonical_json
-from aspire_bench.harness.step_costs import DRAFT_KIND
 from aspire_bench.harness.store import Store
 
 
@@ -216,7 +215,7 @@ def bound_sentence(row: Row, board: Board, simulated: dict[int, RunRecord]) -> s
     parts = [f"{speedup:.2f}× AR"]
     if rate is not None and acc is not None:
         parts.append(f"{rate:.0%} of drafts accepted, {acc:.2f} tokens per verification")
-    c = (row.run.info.get("step_costs") or {}).get(f"c_{DRAFT_KIND.get(row.decoder, '')}")
+    c = (row.run.info.get("step_costs") or {}).get(f"c_{_draft_kind(row.decoder)}")
     if c is not None:
         parts.append(f"a draft step costs {c:.2f} of an AR step")
     allowed, share = a.get("allowed_speedup"), a.get("bound_share")
@@ -248,3 +247,13 @@ def bound_sentence(row: Row, board: Board, simulated: dict[int, RunRecord]) -> s
                      "between, or host work that grew, moves the measurement and not the replay "
                      "(docs/simulator.md).")
     return text
+
+
+def _draft_kind(decoder: str) -> str | None:
+    """The decoder's draft kind; None for one not installed here (a stored run of another version)."""
+    from aspire_bench.decoders import trait
+    from aspire_bench.errors import ConfigError
+    try:
+        return trait(decoder, "draft_kind")
+    except ConfigError:
+        return None

@@ -40,8 +40,9 @@ class SimPolicy:
         draft rows in a stored run, in order (beyond them, or without them, a draft is priced as its
         policy reads it). `cost`: the scheduler's cost model, for a policy that decides with one."""
         if not trait(name, "simulated"):
-            raise UserError(f"decoder {name!r} cannot be simulated ({trait(name, 'description') or 'no policy'}): "
-                            "simulate a decoder that `aspire-bench decoders` does not mark so")
+            from ..decoders import decoder_names
+            able = [n for n in decoder_names() if trait(n, "simulated")]
+            raise UserError(f"decoder {name!r} has no simulator policy: simulate one of {', '.join(able)}")
         self.draft_kind = trait(name, "draft_kind")
         dec = get_decoder(name)
         known = {f.name for f in fields(dec.config)} if is_dataclass(dec.config) else set()

@@ -102,8 +102,7 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
         for row in step.rows:
             if row[1] == DRAFT:
                 drafts[row[0]].append(row[7])
-    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts,
-                       {r.id: [d for d, _ in r.verifications] for r in record.requests})
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts)
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
     out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)

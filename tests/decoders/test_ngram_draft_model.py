@@ -11,10 +11,10 @@ from test_decoder_quality import SAMPLED, check_distribution, rank_counts
 from test_decoders import make_requests
 
 from aspire_bench import corpus
-from aspire_bench.decoders import Request, SamplingParams, get_decoder, loop, speculative
+from aspire_bench.decoders import Request, SamplingParams, get_decoder, sampler
 from aspire_bench.decoders.base import DECODE, VERIFY
 from aspire_bench.decoders.ngram import NgramPolicy, NgramSettings, lookup
-from aspire_bench.decoders.sequence import Sequence
+from aspire_bench.decoders.state import RequestState
 from aspire_bench.engine import Engine, load_model
 from aspire_bench.errors import ConfigError
 
@@ -67,9 +67,9 @@ def test_lookup_matches_a_brute_force_search(seed):
 
 def test_ngram_plan_verifies_a_match_and_decodes_without_one():
     policy = NgramPolicy(NgramSettings(gamma=3, prompt_lookup_min=2), 16, 4)
-    hit = Sequence(0, Request("a", [1, 2, 3, 4, 5, 1, 2], 10), None, None, out=[3])
-    miss = Sequence(1, Request("b", [1, 2, 3, 4, 5, 6, 7], 10), None, None, out=[8])
-    near_end = Sequence(2, Request("c", [1, 2, 3, 4, 1, 2], 3), None, None, out=[3, 4])
+    hit = RequestState(0, Request("a", [1, 2, 3, 4, 5, 1, 2], 10), None, None, out=[3])
+    miss = RequestState(1, Request("b", [1, 2, 3, 4, 5, 6, 7], 10), None, None, out=[8])
+    near_end = RequestState(2, Request("c", [1, 2, 3, 4, 1, 2], 3), None, None, out=[3, 4])
     plans = policy.plan([hit, miss, near_end], 3)
     assert [p.kind for p in plans] == [VERIFY, VERIFY, VERIFY]
     assert hit.pending == [4, 5, 1]  # gamma tokens after [1, 2, 3]
@@ -141,8 +141,8 @@ def sampled_run(engines, name):
 
 @pytest.fixture
 def per_row_sampling(monkeypatch):
-    """The per-row path (speculative.accept_sampling), so that a broken rule there takes effect."""
-    monkeypatch.setattr(loop, "_sample_compiled", lambda *a: None)
+    """The per-row path (sampler.accept_sampling), so that a broken rule there takes effect."""
+    monkeypatch.setattr(sampler, "compiled_applies", lambda *a: False)
 
 
 @pytest.mark.parametrize("name", ["ngram", "draft-model"])
@@ -159,14 +159,14 @@ def test_sampled_tokens_follow_the_target(name, engines, per_row_sampling):
 
 def _always_accept(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: every draft accepted whatever its probability under the target."""
-    from aspire_bench.decoders.common import logits_to_probs, sample_from
+    from aspire_bench.decoders.sampler import logits_to_probs, sample_from
     p = logits_to_probs(target_logits, params) if p is None else p
     return len(drafts), sample_from(p[len(drafts)], gen)
 
 
 def _accept_by_q(target_logits, drafts, qs, params, gen, p=None, us=None):
     """Broken: a draft accepted with probability q(x) instead of min(1, p(x)/q(x)), residual as before."""
-    from aspire_bench.decoders.common import logits_to_probs, sample_from, sample_residual
+    from aspire_bench.decoders.sampler import logits_to_probs, sample_from, sample_residual
     p = logits_to_probs(target_logits, params) if p is None else p
     for j, (x, q) in enumerate(zip(drafts, qs)):
         if float(torch.rand(1, generator=gen)) >= float(q[x]):
@@ -178,7 +178,7 @@ def _accept_by_q(target_logits, drafts, qs, params, gen, p=None, us=None):
 @pytest.mark.parametrize("name, broken", [("ngram", _always_accept), ("draft-model", _always_accept),
                                           ("draft-model", _accept_by_q)])
 def test_the_check_rejects_a_broken_acceptance_rule(name, broken, engines, per_row_sampling, monkeypatch):
-    monkeypatch.setattr(speculative, "accept_sampling", broken)
+    monkeypatch.setattr(sampler, "accept_sampling", broken)
     reqs, out = sampled_run(engines, name)
     with pytest.raises(AssertionError, match="committed tokens"):
         check_distribution(*rank_counts(engines[0], reqs, out, SAMPLED))

@@ -244,7 +244,7 @@ def test_cli_runs_show_export(tmp_path):
         run_id = s.save_run(make_record(tag="nightly"))
     cmd = {c.name: c for c in COMMANDS}
     runner = CliRunner(env={"COLUMNS": "250"})
-    listed = runner.invoke(cmd["runs"], ["--store", path])
+    listed = runner.invoke(cmd["runs"], ["--store", path, "--columns", "all"])
     assert listed.exit_code == 0, listed.output
     assert "aspire" in listed.output and "nightly" in listed.output
     shown = runner.invoke(cmd["show"], [str(run_id), "--store", path])

@@ -35,8 +35,8 @@ def test_demo_boards_say_what_bounds_each_decoder(random_tiny, tmp_path, capsys,
 
 
 def test_demo_says_why_it_has_no_replay(random_tiny, tmp_path, capsys, monkeypatch):
-    from aspire_bench.simulator import source
-    monkeypatch.setattr(source, "stored_calibration", lambda store, record: None)
+    from aspire_bench.simulator import rows
+    monkeypatch.setattr(rows, "stored_calibration", lambda store, record: None)
     demo(str(tmp_path / "d.db"), str(tmp_path / "lb"), models=[str(random_tiny)], contexts=["1k"], batch_sizes=[2],
          tasks=[{"name": "needle", "limit": 2}], max_new_tokens=4, decoders=["ar", "magicdec"])
     out = " ".join(capsys.readouterr().out.split())

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from aspire_bench.cli import main
-from aspire_bench.decoders import loop, speculative
+from aspire_bench.decoders import loop, sampler
 from aspire_bench.decoders.magicdec import MagicDecPolicy
 from aspire_bench.engine import Engine
 
@@ -30,7 +30,7 @@ def fake_clock(monkeypatch):
     of SLOW_DECODER's steps, `halve` cuts its accepted drafts to half (rounded down)."""
     clock = SimpleNamespace(t=0.0, slowdown=1.0, halve=False, current=None)
     monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock.t))
-    forward, run_step, accept = Engine.forward, loop.run_step, speculative.accept_greedy
+    forward, run_step, accept = Engine.forward, loop.run_step, sampler.accept_greedy
 
     def timed_forward(self, rows):
         out = forward(self, rows)
@@ -54,7 +54,7 @@ def fake_clock(monkeypatch):
 
     monkeypatch.setattr(Engine, "forward", timed_forward)
     monkeypatch.setattr(loop, "run_step", step)
-    monkeypatch.setattr(speculative, "accept_greedy", accept_greedy)
+    monkeypatch.setattr(sampler, "accept_greedy", accept_greedy)
     return clock
 
 
