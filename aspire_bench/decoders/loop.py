@@ -276,9 +276,10 @@ class Decoder:
             # The paper's setting: the requests admitted together are prefilled before their decode
             # steps, and their first tokens count from the end of that prefill, so no request's decode
             # window (TPOT, ITL) holds the prefill of the others admitted with it.
-            t_wave = clock()
-            for seq in wave:
-                seq.times[:1] = [t_wave] if seq.times else []
+            if wave:  # only on steps that admitted requests: no clock read otherwise
+                t_wave = clock()
+                for seq in wave:
+                    seq.times[:1] = [t_wave] if seq.times else []
             if not active:
                 continue
             before = sum(len(s.out) for s in active)

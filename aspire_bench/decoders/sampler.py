@@ -79,17 +79,18 @@ class Sampler:
         if self.params.greedy:
             a, nxt = accept_greedy(logits, seq.pending)
         else:
-            a, nxt = accept_sampling(logits, seq.pending, self._qs(seq, logits.shape[-1]), self.params, seq.gen,
+            a, nxt = accept_sampling(logits, seq.pending, self._qs(seq, logits), self.params, seq.gen,
                                      probs, seq.uniforms(len(seq.pending) + 1))
         return nxt, a
 
     @staticmethod
-    def _qs(seq: RequestState, vocab: int) -> list[torch.Tensor]:
-        """The drafts' distributions; a point-mass draft's as a one-hot row, so that rejection sampling
-        accepts it with min(1, p(x)) and resamples from p without x."""
+    def _qs(seq: RequestState, logits: torch.Tensor) -> list[torch.Tensor]:
+        """The drafts' distributions; a point-mass draft's as a one-hot row on the logits' device, so that
+        rejection sampling accepts it with min(1, p(x)) and resamples from p without x."""
         qs = seq.qs + [None] * (len(seq.pending) - len(seq.qs))
-        return [q if q is not None else torch.zeros(vocab).index_fill_(0, torch.tensor([x]), 1.0)
-                for x, q in zip(seq.pending, qs)]
+        one_hot = lambda x: torch.zeros(logits.shape[-1], device=logits.device).index_fill_(
+            0, torch.tensor([x], device=logits.device), 1.0)
+        return [q if q is not None else one_hot(x) for x, q in zip(seq.pending, qs)]
 
     def _batch_probs(self, rows, logits) -> dict[int, torch.Tensor]:
         """Sampling distributions of every row of the step in one batched call: the last position of a
@@ -113,7 +114,7 @@ class Sampler:
             us += seq.uniforms(n)
             if n > 1:
                 drafts += seq.pending
-                qs += self._qs(seq, stacked.shape[-1])
+                qs += self._qs(seq, stacked)
         probs, tokens, accepted = cpu_sampling.sample_step(stacked, lens, drafts, qs, us, p.temperature, p.top_k,
                                                            p.top_p)
         dist = probs.unbind()  # every row's view in one call
