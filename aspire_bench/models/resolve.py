@@ -3,9 +3,9 @@ and cached by content hash."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from ..atomic import write_text
 from ..errors import CheckpointError
 from .catalog import KNOWN, cache_root, is_checkpoint, model_dir
 from .convert import convert_gguf
@@ -55,7 +55,5 @@ def converted(gguf: Path) -> Path:
     if not is_checkpoint(d):
         convert_gguf(info, d, {"source": {"kind": "file", "path": str(gguf.resolve())}, "gguf_sha256": digest})
     index.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index.with_name(f"{stamp}.{os.getpid()}.tmp")
-    tmp.write_text(d.name)
-    tmp.replace(index)
+    write_text(index, d.name)
     return d

@@ -142,10 +142,8 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     as_json = json_out == "-"
     fmt = "json" if as_json else None
     if json_out is not None and not as_json:
-        from pathlib import Path
-        tmp = Path(json_out + ".tmp")  # beside and renamed: never half-written
-        tmp.write_text(json.dumps(rows, indent=1, default=str))
-        tmp.replace(json_out)
+        from ..atomic import write_text
+        write_text(json_out, json.dumps(rows, indent=1, default=str))
     if as_json:
         click.echo(json.dumps(rows, indent=1, default=str))
     else:
