@@ -72,7 +72,11 @@ def measure_memory_bandwidth(repeats: int, big_bytes: int = GiB, small_bytes: in
 
 # --- model -------------------------------------------------------------------------------------
 
-def build_engine(tmpdir: str, max_positions: int, seed: int, backend: str = "auto") -> Engine:
+def build_engine(tmpdir: str, max_positions: int, seed: int, backend: str = "auto",
+                 model: str | None = None) -> Engine:
+    """A random-init model of the bundled shape, or the checkpoint `model` names (e.g. smollm2-135m)."""
+    if model:
+        return Engine.from_pretrained(model, attention_backend=backend)
     from transformers import Qwen3Config, Qwen3ForCausalLM
     torch.manual_seed(seed)
     cfg = Qwen3Config(max_position_embeddings=max_positions, eos_token_id=0, pad_token_id=0, **TINY_SHAPE)
@@ -271,6 +275,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", help="attention backend: auto | cpu | torch")
+    ap.add_argument("--model", default=None,
+                    help="a checkpoint (tiny, a name from `aspire-bench models`, a directory) instead of "
+                         "a random-init model of the bundled shape")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     a = ap.parse_args(argv)
     if a.threads:
@@ -303,8 +310,9 @@ def main(argv=None) -> int:
 
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = build_engine(tmp, max(a.contexts) + a.warmup + a.steps + 64, a.seed, a.backend)
+        engine = build_engine(tmp, max(a.contexts) + a.warmup + a.steps + 64, a.seed, a.backend, a.model)
         info["attention_backend"] = engine.backend.name
+        info["model"] = a.model or "random-init, bundled shape"
         ps = engine.page_size
         per_slot = -(-(max(a.contexts) + a.warmup + a.steps + 1) // ps) * ps
         if a.kv_fill == "random":

@@ -97,3 +97,47 @@ def test_gpu_kernels_script_cpu_smoke(tmp_path):
     assert {(r["view"], r["queries"]) for r in report["sweep"]} == {("full", 1), ("full", 9), ("7%", 1), ("7%", 9)}
     assert all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in report["sweep"])
     assert {r["queries"] for r in report["scores"]} == {1, 9} and report["tune"]
+
+
+def test_prefill_vs_transformers_times_both_on_one_prompt(tmp_path):
+    from benchmarks import prefill_vs_transformers as pvt
+    out = tmp_path / "prefill.json"
+    assert pvt.main(["--model", "tiny", "--context", "300", "--repeats", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["context"] == 300 and len(r["engine_s"]) == len(r["transformers_s"]) == 2
+    assert all(t > 0 for t in r["engine_s"] + r["transformers_s"])
+    assert r["speed_ratio"] == pytest.approx(r["transformers_median_s"] / r["engine_median_s"])
+
+
+def test_prefill_vs_transformers_engine_prefill_fills_the_kv_as_transformers_does():
+    # the timed engine path is a real prefill: its last position's KV equals transformers' cache
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from aspire_bench.engine import Engine
+    from aspire_bench.engine.loading import resolve_model_path
+    from benchmarks import prefill_vs_transformers as pvt
+    engine = Engine.from_pretrained("tiny", prefill_chunk=64)
+    ids = torch.randint(1, engine.cfg.vocab_size, (150,), generator=torch.Generator().manual_seed(1))
+    engine.reserve(256)
+    slot = engine.alloc(151)
+    for start in range(0, 150, 64):
+        engine.forward([pvt.Row(slot, ids[start:start + 64].tolist(), start, logits="none")])
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny"), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        kv = hf(input_ids=ids[None], use_cache=True).past_key_values
+    k_hf = kv.layers[0].keys[0] if hasattr(kv, "layers") else kv[0][0][0]
+    k_ours = engine.cache.k[0, :, slot.base:slot.base + 150]
+    assert torch.allclose(k_ours.float(), k_hf.float(), atol=1e-4)
+    assert pvt.engine_prefill(engine, ids.tolist()) > 0
+
+
+def test_ar_bandwidth_loads_a_named_checkpoint(tmp_path):
+    import torch
+
+    from benchmarks import ar_bandwidth
+    from aspire_bench.engine import Engine
+    ours = ar_bandwidth.build_engine(str(tmp_path), 512, 0, "torch", model="tiny")
+    bundled = Engine.from_pretrained("tiny")
+    assert ours.model.weight_bytes() == bundled.model.weight_bytes()
+    assert torch.equal(ours.model.lm_head, bundled.model.lm_head)
