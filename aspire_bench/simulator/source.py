@@ -162,7 +162,7 @@ def measured_acceptance(store, sources) -> MeasuredAcceptance:
             why = "failed" if rec.status != "ok" else "has no verifications"
             raise UserError(f"--acceptance-from: run {rid} ({name}) {why}: pass finished runs of a speculative "
                             "decoder (magicdec, vegas, aspire, ...)")
-        keys = [name] if trait(name, "ablation") else [name, trait(name, "draft_kind")]
+        keys = [name] if trait(name, "ablation") else list(dict.fromkeys([name, trait(name, "draft_kind")]))
         for key in keys:
             streams.setdefault(key, []).extend(got)
             runs.setdefault(key, []).append(rid)
