@@ -2,12 +2,16 @@
 
     python -m benchmarks.validate_simulator --store S [--calibration C.json] [--json out.json]
     python -m benchmarks.validate_simulator --store S --steps | --without beta_capture
+    python -m benchmarks.validate_simulator --store S --projection [--hardware cpu-measured]
 
 Per run: measured and simulated decode tok/s and their error, and for speculative runs the ratio
 over the group's AR run; a row passes within ±10% (ASPIRE's ratio within ±5%; docs/simulator.md).
 Step costs: the run's stored calibration unless --calibration is given. `--steps` adds the cost
 model's error per kind of step; `--without TERM` refits the stored calibrations without that term.
-Nothing is written to the store.
+`--projection` checks the projection instead of the replay: each run becomes a parametric
+simulation (its model's shape on the --hardware roofline, its context, batch, request count, output
+length and settings) driven by the acceptance it measured per request, as `simulate --acceptance-from`
+and benchmarks/project_paper.py project it. Nothing is written to the store.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from aspire_bench.decoders.scheduler import EXTRA_TERMS, fit_cost_model
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_sparse
 from aspire_bench.harness.store import Store
-from aspire_bench.simulator.rows import stored_cost, stored_rows
+from aspire_bench.simulator.rows import _speedups, stored_cost, stored_rows
 
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
 
@@ -46,11 +50,49 @@ def refitted(store, without):
     return cost
 
 
-def validate(store_path: str, decoders, calibration: str | None = None, without=()) -> list[dict]:
+def projected_rows(store, ids, hardware: str) -> list[dict]:
+    """Rows as stored_rows gives them, each run simulated as a projection of its own setting: its
+    model on the `hardware` roofline, the acceptance it measured per request, its decoder settings."""
+    from statistics import median
+
+    from aspire_bench.harness.metrics import decode_tok_s
+    from aspire_bench.simulator.costs import DTYPE_BYTES, Hardware, ModelShape, Roofline
+    from aspire_bench.simulator.source import (
+        measured_acceptance,
+        model_config_path,
+        num_layers_of,
+        simulate_parametric,
+    )
+    hw, rows = Hardware.load(hardware), []
+    for rid in ids:
+        rec = store.get_run(rid)
+        c = rec.config
+        dtype = c.get("dtype") if c.get("dtype") in DTYPE_BYTES else None
+        cost = Roofline(hw, ModelShape.load(str(model_config_path(c["model"])), dtype))
+        table = measured_acceptance(store, [rid]) if rec.requests and any(r.verifications for r in rec.requests) else {}
+        context = int(median(r.prompt_len for r in rec.requests))
+        out, _ = simulate_parametric(c["decoder"], cost, table, context, c["batch_size"], len(rec.requests),
+                                     c["max_new_tokens"], int(c.get("page_size", 16)), num_layers_of(c["model"]),
+                                     settings=rec.info)
+        measured = rec.aggregates.get("decode_tok_s_median", rec.aggregates.get("decode_tok_s"))
+        rows.append({"decoder": c["decoder"], "run_id": rid, "group": rec.group, "context": c.get("context_len"),
+                     "batch_size": c["batch_size"], "temperature": c.get("temperature"),
+                     "gamma": out.info.get("gamma") if out.info.get("policy", "fixed") == "fixed" else None,
+                     "simulated_decode_tok_s": decode_tok_s(out), "measured_decode_tok_s": measured})
+    _speedups(rows, key=lambda r: (r["group"], r["context"], r["batch_size"], r["temperature"]))
+    return rows
+
+
+def validate(store_path: str, decoders, calibration: str | None = None, without=(),
+             projection: str | None = None) -> list[dict]:
+    """projection: a hardware profile to check the projection on instead of the replay."""
     with Store(store_path, readonly=True) as store:
         ids = [s["run_id"] for s in store.list_runs(kind="measured")
                if s["status"] == "ok" and s["decoder"] in decoders]
-        rows, _ = stored_rows(store, ids, calibration, refitted(store, without))
+        if projection:
+            rows = projected_rows(store, ids, projection)
+        else:
+            rows, _ = stored_rows(store, ids, calibration, refitted(store, without))
     for r in rows:
         m, s = r["measured_decode_tok_s"], r["simulated_decode_tok_s"]
         r["error"] = s / m - 1 if m and s else None
@@ -120,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decoders", default="ar,magicdec,aspire", help="comma-separated (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--steps", action="store_true", help="also the model's error per kind of step")
+    ap.add_argument("--projection", action="store_true",
+                    help="check the projection (parametric, measured acceptance, a roofline) instead of the replay")
+    ap.add_argument("--hardware", default="cpu-measured", help="the roofline of --projection (default: %(default)s)")
     ap.add_argument("--without", default="", help=f"comma-separated terms to refit without ({', '.join(EXTRA_TERMS)})")
     a = ap.parse_args(argv)
     decoders = [d for d in a.decoders.split(",") if d]
@@ -128,8 +173,10 @@ def main(argv=None) -> int:
         ap.error(f"--without takes {', '.join(EXTRA_TERMS)}, not {a.without!r}")
     if without and a.calibration:
         ap.error("--without refits each run's stored calibrations: leave out --calibration")
+    if a.projection and (without or a.calibration or a.steps):
+        ap.error("--projection prices every step with --hardware's roofline: leave out --calibration, --without, --steps")
     try:
-        rows = validate(a.store, decoders, a.calibration, without)
+        rows = validate(a.store, decoders, a.calibration, without, a.hardware if a.projection else None)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

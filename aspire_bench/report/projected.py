@@ -2,7 +2,8 @@
 
 Simulated runs are never ranked with measured ones. This page lists them per simulation (group),
 with each speedup over the AR run of the same simulation and cell, and the paper's published
-speedup beside it where the cell is one of the paper's (Qwen3 shapes at its context buckets).
+speedup beside it where the cell is one of the paper's (Qwen3 shapes at its context buckets). The
+acceptance column tells a projection with the paper's α from one with measured acceptance.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def _costs(sim: dict) -> str:
 def _acceptance(sim: dict) -> str:
     if sim.get("acceptance") == "parametric":
         return "α " + ", ".join(f"{a:.3f}" for _, a in sim.get("alpha_by_context") or [])
+    if sim.get("acceptance") == "measured":
+        lo, hi = sim["alpha_per_request_range"]
+        return (f"measured, run {', '.join(map(str, sim['source_runs']))}: α {sim['alpha_pooled']:.3f} "
+                f"({lo:.2f}–{hi:.2f} per request)")
     return sim.get("acceptance") or "—"
 
 

@@ -8,6 +8,9 @@ Both models answer `accept(request, drafted, context)` with the accepted count a
   entries and consumes them (and the reject that ended them), whatever draft lengths the simulated
   scheduler chooses; replayed with the recorded draft lengths it gives back the recorded outcomes
   exactly. A request that drafts past its stream's end continues from its start (cyclic replay).
+- `MeasuredAcceptance`: stored runs' per-request streams, per decoder and draft kind, for a setting
+  other than the runs' own: the simulation's i-th request replays the i-th measured request's
+  stream (cyclically), so requests keep their measured differences instead of sharing one alpha.
 - `ParametricAcceptance`: each draft token is accepted independently with probability alpha(kind,
   context), alpha interpolated linearly in the context from a table per draft kind.
 """
@@ -54,6 +57,47 @@ class ReplayAcceptance:
 
     def describe(self) -> dict:
         return {"acceptance": "replay", "tokens": sum(len(s) for s in self.streams.values())}
+
+
+class MeasuredAcceptance:
+    def __init__(self, streams: dict[str, list[list[bool]]], runs: dict[str, list[int]],
+                 contexts: dict[str, list[int]]):
+        """streams: per key (a decoder name or a draft kind), one token stream per measured request;
+        runs and contexts: per key, the stored runs the streams come from and their prompt lengths."""
+        self.streams, self.runs, self.contexts = streams, runs, contexts
+
+    def key(self, keys: list[str]) -> str | None:
+        return next((k for k in keys if self.streams.get(k)), None)
+
+    def model(self, keys: list[str], request_ids: list[str]) -> ReplayAcceptance:
+        """The acceptance of a simulation's requests under the first of `keys` measured."""
+        key = self.key(keys)
+        if key is None:
+            have = ", ".join(sorted(self.streams)) or "none"
+            raise UserError(f"the runs of --acceptance-from measured no {keys[0]} acceptance (they have: {have}): "
+                            f"add a stored {keys[0]} run, or leave {keys[0]} out of --decoders")
+        streams = self.streams[key]
+        rates = [alpha_of_stream(s) for s in streams]
+        info = {"acceptance": "measured", "draft_kind": key, "source_runs": self.runs[key],
+                "measured_contexts": sorted(set(self.contexts[key])), "measured_requests": len(streams),
+                "alpha_pooled": alpha_of_stream([t for s in streams for t in s]),
+                "alpha_per_request_range": [min(rates), max(rates)]}
+        return MeasuredReplay({rid: streams[i % len(streams)] for i, rid in enumerate(request_ids)}, info)
+
+
+class MeasuredReplay(ReplayAcceptance):
+    """ReplayAcceptance of measured requests' streams, described by where they were measured."""
+    def __init__(self, streams: dict[str, list[bool]], info: dict):
+        super().__init__(streams)
+        self.info = info
+
+    def describe(self) -> dict:
+        return {**self.info, "tokens": sum(len(s) for s in self.streams.values())}
+
+
+def alpha_of_stream(stream: list[bool]) -> float:
+    """The share of a token stream's judgements that accepted (alpha_mle of its verifications)."""
+    return sum(stream) / len(stream)
 
 
 class ParametricAcceptance:

@@ -42,7 +42,8 @@ def _batches(ctx, param, value):
 
 @click.command("simulate", epilog=examples(
     "aspire-bench simulate --run 6 --json -",
-    "aspire-bench simulate --hardware h100-nvl --model-shape qwen3-8b --context-len 32k --batch-size 8,32 --alpha 0.9"))
+    "aspire-bench simulate --hardware h100-nvl --model-shape qwen3-8b --context-len 32k --batch-size 8,32 --alpha 0.9",
+    "aspire-bench simulate --store results.db --acceptance-from 7,8,9 --tune --hardware h200 --model-shape qwen3-1.7b"))
 @click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, envvar="ASPIRE_BENCH_STORE",
               type=click.Path(dir_okay=False),
               help="Results store: the runs to replay come from it, and simulated runs are saved to it.")
@@ -75,6 +76,14 @@ def _batches(ctx, param, value):
 @click.option("--alpha-from-runs", default=None, callback=lambda c, p, v: csv_positive_ints(c, p, v) if v else None,
               help="Parametric mode: acceptance measured by these stored runs (comma-separated ids in --store): per "
                    "draft kind, the per-token alpha that best explains each run's verifications, by its context.")
+@click.option("--acceptance-from", default=None, callback=lambda c, p, v: csv_list(c, p, v) if v else None,
+              metavar="RUN_ID,...|GROUP",
+              help="Parametric mode: acceptance measured per request by these stored runs of --store (or every "
+                   "speculative run of a group): each simulated request replays a measured request's accepts "
+                   "and rejects, per decoder and draft kind, so requests differ as measured.")
+@click.option("--tune/--no-tune", default=False, show_default=True,
+              help="Parametric mode: simulate each decoder with a tune_grid (MagicDec's and Vegas's gamma) at "
+                   "every point of it and keep the fastest, as bench's tuned rows.")
 @click.option("--requests", "n_requests", default=None, type=REQUESTS,
               help="Parametric mode: requests per cell (default 4 x batch).")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=2),
@@ -85,8 +94,8 @@ def _batches(ctx, param, value):
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="PATH", callback=new_output_path,
               help="Write the rows as a JSON list to PATH; - (or --json alone) prints them instead of the table.")
 def simulate_command(store_path, run_ids, group, calibration, hardware, model_shape, dtype, decoders, contexts,
-                     contexts_alias, batches, batches_alias, alpha, alpha_from_runs, n_requests, max_new_tokens, seed,
-                     save, json_out):
+                     contexts_alias, batches, batches_alias, alpha, alpha_from_runs, acceptance_from, tune,
+                     n_requests, max_new_tokens, seed, save, json_out):
     """Predict decode throughput by replaying decoders' scheduling with a step-cost model.
 
     With --run/--group: the stored runs' own traces (requests, acceptance outcomes, settings) replayed
@@ -98,6 +107,9 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
     from .rows import parametric_rows, stored_rows
     from .rows import save as save_records
     stored = bool(run_ids or group)
+    if stored and (acceptance_from or tune):
+        raise UserError("--acceptance-from and --tune set up a parametric simulation: a stored run replays its "
+                        "own acceptance and settings; leave out --run/--group or those options")
     if hardware is None and model_shape and stored:
         raise UserError("--model-shape needs --hardware (it shapes the roofline): add --hardware")
     roofline = None
@@ -126,16 +138,20 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
         shape = ModelShape.load(model_shape, dtype)
         decoders = decoders or [d for d in BUILTIN if not trait(d, "ablation") and trait(d, "simulated")]
         cost = roofline or CalibratedCost(calibration_file(calibration))
-        if alpha and alpha_from_runs:
-            raise UserError("--alpha and --alpha-from-runs both give the acceptance: pass one")
-        if alpha_from_runs:
+        if sum(map(bool, (alpha, alpha_from_runs, acceptance_from))) > 1:
+            raise UserError("--alpha, --alpha-from-runs and --acceptance-from each give the acceptance: pass one")
+        if acceptance_from:
+            from .source import measured_acceptance
+            with Store(store_path, readonly=True) as store:
+                table = measured_acceptance(store, acceptance_from)
+        elif alpha_from_runs:
             from .source import measured_alphas
             with Store(store_path, readonly=True) as store:
                 table = measured_alphas(store, alpha_from_runs)
         else:
             table = parse_alpha(alpha) if any(trait(d, "draft_kind") for d in decoders) else {}
         rows, recs = parametric_rows(decoders, cost, table, contexts, batches, n_requests, max_new_tokens,
-                                     shape.name, shape.layers, seed=seed)
+                                     shape.name, shape.layers, seed=seed, tune=tune)
     if save:
         for row, rid in zip(rows, save_records(store_path, recs)):
             row["stored_run_id"] = rid
@@ -205,6 +221,12 @@ def _assumption_lines(rows) -> list[str]:
         if a["acceptance"] == "parametric":
             alphas = ", ".join(f"{a_:.3f} at {c:g}" if c else f"{a_:.3f}" for c, a_ in a["alpha_by_context"])
             acc = f"acceptance: {a['draft_kind']} drafts, per-token alpha {alphas}, independent per token"
+        elif a["acceptance"] == "measured":
+            acc = (f"acceptance: {a['draft_kind']} drafts, each request replays one of {a['measured_requests']} "
+                   f"requests measured by run(s) {', '.join(map(str, a['source_runs']))} at "
+                   f"{'/'.join(map(str, a['measured_contexts']))} prompt tokens (alpha {a['alpha_pooled']:.3f} "
+                   f"pooled, {a['alpha_per_request_range'][0]:.2f}-{a['alpha_per_request_range'][1]:.2f} per "
+                   "request), whatever the simulated context")
         elif a["acceptance"] == "replay":
             acc = "acceptance: the run's own verifications, replayed token by token"
         else:

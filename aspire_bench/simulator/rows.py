@@ -5,6 +5,8 @@ and the others below); benchmarks/validate_simulator.py and benchmarks/gpu_decod
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..errors import UserError
 from ..harness import records
 from .costs import CalibratedCost
@@ -71,21 +73,24 @@ def stored_rows(store, run_ids, calibration: str | None = None, cost=None) -> tu
 
 
 def parametric_rows(decoders, cost, table, contexts, batches, n_requests: int | None, max_new: int,
-                    shape_name: str, num_layers: int, page_size: int = 16, seed: int = 0) -> tuple[list[dict], list]:
+                    shape_name: str, num_layers: int, page_size: int = 16, seed: int = 0,
+                    tune: bool = False) -> tuple[list[dict], list]:
+    """tune: a decoder with a tune_grid is simulated at every point of it and its row is the fastest
+    point's (as bench's tuned row); `tuned` holds every point's simulated tok/s."""
     rows, recs = [], []
     for context in contexts:
         for batch in batches:
             n = n_requests or 4 * batch
             for name in decoders:
-                out, assumptions = simulate_parametric(name, cost, table, context, batch, n, max_new, page_size,
-                                                       num_layers, seed)
+                out, assumptions, tuned = _best(name, tune, partial(
+                    simulate_parametric, name, cost, table, context, batch, n, max_new, page_size, num_layers, seed))
                 config = {"model": shape_name, "decoder": name, "task": "parametric", "context_len": context,
                           "batch_size": batch, "max_new_tokens": max_new, "seed": seed, "_prompt_lens": [context] * n}
                 sim = to_record(out, config, assumptions, {"simulated": True})
                 recs.append(sim)
                 rows.append({
                     "decoder": name, "run_id": None, "context": context, "batch_size": batch,
-                    "gamma": _gamma(out.info),
+                    "gamma": _gamma(out.info), "tuned": tuned,
                     "simulated_decode_tok_s": sim.aggregates.get("decode_tok_s"), "measured_decode_tok_s": None,
                     "simulated_tpot_p50_s": _tpot(sim.aggregates), "measured_tpot_p50_s": None,
                     "simulated_mean_accepted_len": sim.aggregates.get("mean_accepted_len"),
@@ -93,6 +98,20 @@ def parametric_rows(decoders, cost, table, contexts, batches, n_requests: int | 
                 })
     _speedups(rows, key=lambda r: (r["context"], r["batch_size"]))
     return rows, recs
+
+
+def _best(name: str, tune: bool, run) -> tuple:
+    """(output, assumptions, tuned) of `run(settings=...)` at the decoder's defaults, or with `tune` at the
+    point of its tune_grid with the highest simulated decode tok/s (the first on a tie)."""
+    from ..harness.metrics import decode_tok_s
+    from ..harness.tuning import grid_points, label
+    points = grid_points(name, {}) if tune else []
+    if not points:
+        return (*run(), None)
+    outs = [(p, run(settings=p)) for p in points]
+    speed = {label(p): decode_tok_s(o[0]) or 0.0 for p, o in outs}
+    best, (out, assumptions) = max(outs, key=lambda po: speed[label(po[0])])
+    return out, assumptions, {"settings": best, "decode_tok_s": speed}
 
 
 def _speedups(rows: list[dict], key) -> None:

@@ -15,7 +15,7 @@ from ..decoders.base import DRAFT
 from ..decoders.scheduler import CostModel, fit_problem
 from ..errors import UserError
 from ..harness import records
-from .acceptance import ParametricAcceptance, ReplayAcceptance, token_stream
+from .acceptance import MeasuredAcceptance, ParametricAcceptance, ReplayAcceptance, token_stream
 from .policies import SimPolicy, acceptance_keys, lineage
 from .replay import SimRequest, simulate
 
@@ -135,6 +135,48 @@ def measured_alphas(store, run_ids) -> dict[str, list[tuple[float, float]]]:
     return table
 
 
+def measured_acceptance(store, sources) -> MeasuredAcceptance:
+    """Per-request acceptance of stored runs (`sources`: run ids, or groups standing for their successful
+    measured runs of speculative decoders), keyed by each run's decoder and, but for an ablation, its
+    draft kind. Runs of one decoder pool their requests."""
+    ids: list[int] = []
+    for src in sources:
+        if str(src).isdigit():
+            ids.append(int(src))
+            continue
+        found = [r["run_id"] for r in store.list_runs(group=str(src), kind="measured")
+                 if r["status"] == "ok" and trait(r["decoder"], "draft_kind")]
+        if not found:
+            raise UserError(f"--acceptance-from {src}: no run id, nor a group with successful measured runs of a "
+                            "speculative decoder: `aspire-bench runs` lists them")
+        ids += found
+    streams: dict[str, list[list[bool]]] = {}
+    runs: dict[str, list[int]] = {}
+    contexts: dict[str, list[int]] = {}
+    for rid in dict.fromkeys(ids):
+        rec = store.get_run(rid)
+        name = rec.config.get("decoder")
+        got = [token_stream(r.verifications) for r in rec.requests]
+        got = [x for x in got if x]
+        if rec.status != "ok" or not got:
+            why = "failed" if rec.status != "ok" else "has no verifications"
+            raise UserError(f"--acceptance-from: run {rid} ({name}) {why}: pass finished runs of a speculative "
+                            "decoder (magicdec, vegas, aspire, ...)")
+        keys = [name] if trait(name, "ablation") else list(dict.fromkeys([name, trait(name, "draft_kind")]))
+        for key in keys:
+            streams.setdefault(key, []).extend(got)
+            runs.setdefault(key, []).append(rid)
+            contexts.setdefault(key, []).extend(r.prompt_len for r in rec.requests)
+    return MeasuredAcceptance(streams, runs, contexts)
+
+
+def acceptance_model(table, name: str, request_ids: list[str], seed: int):
+    """A decoder's acceptance in a parametric simulation: measured per request, or an alpha table."""
+    if isinstance(table, MeasuredAcceptance):
+        return table.model(acceptance_keys(name), request_ids)
+    return ParametricAcceptance(table, acceptance_keys(name), seed)
+
+
 def parametric_requests(context: int, batch: int, n_requests: int, max_new: int) -> list[SimRequest]:
     """Requests of one prompt length, already prefilled (prefill costs nothing: the paper's decode
     throughput excludes it, and with all prompts equal no prefill stalls a decode window)."""
@@ -143,14 +185,15 @@ def parametric_requests(context: int, batch: int, n_requests: int, max_new: int)
 
 def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, n_requests: int,
                         max_new: int, page_size: int = 16, num_layers: int = 0, seed: int = 0,
-                        scheduler_cost: CostModel | None = None) -> tuple:
+                        scheduler_cost: CostModel | None = None, settings: dict | None = None) -> tuple:
+    """table: an alpha table, or a MeasuredAcceptance; settings: the decoder's, beside its defaults."""
     # ASPIRE decides with what a calibration on this hardware at this cell's batch and context would fit
-    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context)
+    policy = SimPolicy(name, settings, scheduler_cost or (cost.scheduler_model(batch, context)
                                                       if trait(name, "uses_cost_model") else None),
                        page_size, num_layers)
-    acceptance = None if policy.draft_kind is None else ParametricAcceptance(table, acceptance_keys(name), seed)
-    out = simulate(parametric_requests(context, batch, n_requests, max_new), policy, acceptance, cost, batch,
-                   info=policy.settings)
+    reqs = parametric_requests(context, batch, n_requests, max_new)
+    acceptance = None if policy.draft_kind is None else acceptance_model(table, name, [r.id for r in reqs], seed)
+    out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)
     assumptions = {
         **cost.describe(), **(acceptance.describe() if acceptance else {"acceptance": None}),
         "scheduler_cost_model": policy.scheduler_cost.to_dict() if policy.scheduler_cost else None,
