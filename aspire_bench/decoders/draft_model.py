@@ -4,7 +4,9 @@ A smaller model with the target's vocabulary drafts gamma tokens per request, on
 its own engine (its own weights and KV pool, in this process) per draft token; the target verifies
 every request's drafts in the step's mixed forward with the loop's rejection sampling. The draft's KV
 of a request is rolled back with the target's after each verification, and caught up on the tokens
-it has not seen (the correction or bonus token) at the next step's first draft forward.
+it has not seen (the correction or bonus token) at the next step's first draft forward. Driven
+without an engine (the simulator), it counts those forwards instead (`own_forwards`), for the
+simulator to price with the draft's shape.
 """
 from __future__ import annotations
 
@@ -82,11 +84,24 @@ def draft_engine(name: str, target: Engine) -> Engine:
     return draft
 
 
+def used_draft(name: str) -> Path:
+    """The checkpoint a stored run's draft setting (`info["draft_model_used"]`) names."""
+    if name == AUTO:
+        raise ConfigError("the run does not say which draft model it used (draft_model=auto): simulate a run "
+                          "stored with its draft_model_used")
+    return SHIPPED if name == "tiny-draft" else resolve_model_path(name)
+
+
 class DraftModelPolicy(Policy):
+    draft: Engine | None = None  # None: driven without an engine (the simulator), its forwards only counted
+    checkpoint: Path | None = None
+    forwards: tuple | list = ()  # the simulator's count of this step's draft forwards (own_forwards)
+
     @classmethod
     def for_run(cls, settings, engine, batch_size, requests=()):
         policy = super().for_run(settings, engine, batch_size, requests)
         draft = policy.draft = draft_engine(settings.draft_model, engine)
+        policy.checkpoint = Path(draft.name)
         need = max((len(r.prompt_ids) + r.max_new_tokens for r in requests), default=1)
         if need > draft.max_context:
             raise ConfigError(f"the draft model's maximum context is {draft.max_context} tokens, a request needs "
@@ -105,8 +120,23 @@ class DraftModelPolicy(Policy):
         for seq in [s for s in self.slots if s.finish]:
             self.draft.free(self.slots.pop(seq))
 
+    @classmethod
+    def for_simulation(cls, settings, page_size, num_layers, cost=None, stored=None, recorded=None):
+        policy = super().for_simulation(settings, page_size, num_layers, cost, stored, recorded)
+        policy.checkpoint = used_draft((stored or {}).get("draft_model_used") or settings.draft_model)
+        return policy
+
+    def own_model(self):
+        return self.checkpoint
+
+    def own_forwards(self):
+        return self.forwards
+
     def admitted(self, seq):
         """The draft's prefill of the prompt (its first output token is fed at the first draft step)."""
+        if self.draft is None:  # simulated: seq.state is the length of the draft's KV of the request
+            seq.state = len(seq.req.prompt_ids)
+            return seq.state
         self._free_finished()
         draft, ids = self.draft, seq.req.prompt_ids
         slot = self.slots[seq] = draft.alloc(self.slot_size)
@@ -118,12 +148,32 @@ class DraftModelPolicy(Policy):
         return len(ids)
 
     def plan(self, seqs, batch):
-        self._free_finished()
         todo = {seq: min(self.settings.gamma, seq.max_drafts) for seq in seqs}
         todo = {seq: k for seq, k in todo.items() if k > 0}
-        if todo:
-            self._draft(todo)
+        if self.draft is None:
+            self.forwards = self._count(todo)
+        else:
+            self._free_finished()
+            if todo:
+                self._draft(todo)
         return [Plan(seq, VERIFY if seq in todo else DECODE) for seq in seqs]
+
+    @staticmethod
+    def _count(todo: dict) -> list[list[tuple[int, int]]]:
+        """Simulated: placeholder drafts, and the rows (tokens, KV read) of the draft forwards `_draft`
+        would run for them: the first feeds the committed tokens the draft lacks, each later one the
+        previous draft token (the last draft token is never fed)."""
+        forwards = []
+        for j in range(max(todo.values(), default=0)):
+            rows = []
+            for seq, k in todo.items():
+                if j < k:
+                    n = seq.context_len - seq.state if j == 0 else 1
+                    seq.state += n
+                    rows.append((n, seq.state))
+                    seq.pending.append(0)
+            forwards.append(rows)
+        return forwards
 
     def _draft(self, todo: dict) -> None:
         """k draft tokens per sequence, one batched draft forward per token: the first forward also feeds
@@ -157,8 +207,9 @@ class DraftModelPolicy(Policy):
 
     def observe(self, seq, drafted, accepted):
         """The draft's KV keeps the committed tokens it has seen (the last one is fed next step)."""
-        slot = self.slots.get(seq)
-        if slot is not None:
+        if self.draft is None:
+            seq.state = min(seq.state, seq.context_len - 1)
+        elif (slot := self.slots.get(seq)) is not None:
             self.draft.rollback(slot, min(slot.length, seq.context_len - 1))
         seq.extra.setdefault("schedule", []).append({"gamma": drafted})
 
@@ -175,6 +226,6 @@ class DraftModelDecoder(Decoder):
     ablation = False
     draft_kind = "draft-model"
     tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 3, 4, 5, 6)}
-    simulated = False  # its draft steps are another model's forwards: not in the step-cost model
+    simulated = "replay"  # a stored run names its draft (draft_model_used): its forwards priced by its shape
     Settings = DraftModelSettings
     Policy = DraftModelPolicy

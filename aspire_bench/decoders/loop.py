@@ -19,8 +19,10 @@ its prompt's prefill; returns the tokens of the policy's own prefill, e.g. a dra
 and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
 run's state (cost model, cycle counters; `params`, the run's sampling settings); per-request state lives in `RequestState.state`, so a policy
 can be driven without an engine: the simulator calls plan/observe/scores/step_done on plain requests
-and prices each planned row by `reads(plan)`. A drafter that needs no forward (an n-gram lookup)
-puts its drafts on the request in `plan` (RequestState.propose) and plans a VERIFY row.
+and prices each planned row by `reads(plan)` (built by `for_simulation`). A drafter that needs no
+forward (an n-gram lookup) puts its drafts on the request in `plan` (RequestState.propose) and plans
+a VERIFY row; one with a model of its own (a draft model) names it (`own_model`) and, driven without
+an engine, says what its forwards read (`own_forwards`).
 
 A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class and the traits the
 harness reads (class attributes); it keeps no state between runs, so one decoder object can generate
@@ -32,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -83,6 +86,20 @@ class Policy:
     def for_run(cls, settings, engine: Engine, batch_size: int, requests: Sequence[Request] = ()) -> Policy:
         return cls(settings, engine.page_size, engine.cfg.num_layers)
 
+    # A replay (the simulator) of a stored run: each request's recorded verifications (drafted, accepted),
+    # for a policy whose drafts come from the text, which a replay does not have (None otherwise).
+    recorded: dict[str, list[tuple[int, int]]] | None = None
+
+    @classmethod
+    def for_simulation(cls, settings, page_size: int, num_layers: int, cost: CostModel | None = None,
+                       stored: dict | None = None, recorded: dict | None = None) -> Policy:
+        """The policy driven without an engine (the simulator). `stored`: the replayed run's info (its
+        settings and what its policy reported); `recorded`: its requests' verifications. Both None
+        for a parametric setting."""
+        policy = cls(settings, page_size, num_layers, cost)
+        policy.recorded = recorded
+        return policy
+
     def new_state(self):
         return None
 
@@ -108,6 +125,17 @@ class Policy:
 
     def info(self) -> dict:
         return {}
+
+    def own_model(self) -> Path | None:
+        """The checkpoint of a model the policy runs forwards of itself (a draft model); None when its
+        drafts are target forwards or need no forward at all."""
+        return None
+
+    def own_forwards(self) -> list[list[tuple[int, int]]]:
+        """Driven without an engine: the forwards of `own_model` that this step's plan ran before the
+        target's, each its rows (tokens, KV positions read per layer). The simulator prices them with
+        that model's shape."""
+        return []
 
     # --- what a planned row reads, without running it (the simulator prices rows with these) ---------
     def reads(self, plan: Plan) -> tuple[int, int, int]:
@@ -225,7 +253,9 @@ class Decoder:
     ablation = False  # a variant of another decoder, run by name only (not in bench's default set)
     draft_kind: str | None = None  # the draft row step costs time and the simulator prices (None: no drafts)
     tune_grid: ClassVar[dict[str, tuple]] = {}  # bench's tuned row: settings -> values tried ({}: not tuned)
-    simulated = True  # `aspire-bench simulate` can model it (its policy runs without an engine)
+    # `aspire-bench simulate` can model it (its policy runs without an engine): True, "replay" (only a
+    # stored run of it: its drafts need what the run recorded or used), False
+    simulated: bool | str = True
     uses_cost_model = False  # its policy decides with the step-cost model (Policy.cost)
 
     def __init__(self, **settings):

@@ -6,7 +6,8 @@ gamma tokens that followed its earliest occurrence (vLLM's choice). No draft for
 verifies its proposal in the step's mixed forward; one without a match verifies no drafts, which is
 an AR step (1 token, full attention) recorded as a (0, 0) verification. The draft is a
 point mass, so the loop's rejection sampling accepts x with min(1, p(x)) and resamples a rejection
-from p without x: sampling stays lossless (docs/decoders.md#ngram).
+from p without x: sampling stays lossless (docs/decoders.md#ngram). The simulator replays a stored
+run's proposal lengths (`Policy.recorded`): the draft is host work, no forward to price.
 """
 from __future__ import annotations
 
@@ -74,11 +75,15 @@ class NgramPolicy(Policy):
         s = self.settings
         plans = []
         for seq in seqs:
-            if seq.state is None:
-                seq.state = History(seq.req.prompt_ids, seq.req.max_new_tokens)
             k = min(s.gamma, seq.max_drafts)
-            # point masses: under sampling the Sampler accepts each with min(1, p(x))
-            seq.propose(lookup(seq.state.tokens(seq.out), s.prompt_lookup_max, s.prompt_lookup_min, k).tolist())
+            if self.recorded is not None:  # a replay has no tokens: the run's own proposal lengths, in order
+                done = self.recorded.get(seq.req.id) or [(0, 0)]
+                seq.propose([0] * min(k, done[len(seq.verifications) % len(done)][0]))
+            else:
+                if seq.state is None:
+                    seq.state = History(seq.req.prompt_ids, seq.req.max_new_tokens)
+                # point masses: under sampling the Sampler accepts each with min(1, p(x))
+                seq.propose(lookup(seq.state.tokens(seq.out), s.prompt_lookup_max, s.prompt_lookup_min, k).tolist())
             # without a match, a verification of no drafts: one token with full attention, an AR step
             plans.append(Plan(seq, VERIFY))
         return plans
@@ -94,6 +99,6 @@ class NgramDecoder(Decoder):
     ablation = False
     draft_kind = "ngram"
     tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 4, 6), "prompt_lookup_max": (2, 3, 5)}
-    simulated = False  # its drafts come from the tokens themselves, which a simulation does not have
+    simulated = "replay"  # its drafts come from the tokens: a replay takes their lengths from the run
     Settings = NgramSettings
     Policy = NgramPolicy

@@ -63,7 +63,7 @@ def _batches(ctx, param, value):
                    "shape's torch_dtype).")
 @click.option("--decoders", default=None, callback=lambda c, p, v: csv_list(c, p, v) if v else None,
               help="Parametric mode: the decoders to simulate (default: every built-in decoder that is not an "
-                   "ablation and can be simulated).")
+                   "ablation and can be simulated without a stored run: not ngram nor draft-model).")
 @click.option("--context-len", "contexts", default=None, callback=_contexts,
               help="Parametric mode: prompt lengths, comma-separated (16k,32k).  [default: 16k]")
 @hidden_alias("--context", "contexts_alias", callback=_contexts)
@@ -136,7 +136,7 @@ def simulate_command(store_path, run_ids, group, calibration, hardware, model_sh
         if roofline is None and not calibration:
             raise UserError("a parametric simulation needs step costs: pass --hardware PROFILE or --calibration FILE")
         shape = ModelShape.load(model_shape, dtype)
-        decoders = decoders or [d for d in BUILTIN if not trait(d, "ablation") and trait(d, "simulated")]
+        decoders = decoders or [d for d in BUILTIN if not trait(d, "ablation") and trait(d, "simulated") is True]
         cost = roofline or CalibratedCost(calibration_file(calibration))
         if sum(map(bool, (alpha, alpha_from_runs, acceptance_from))) > 1:
             raise UserError("--alpha, --alpha-from-runs and --acceptance-from each give the acceptance: pass one")
@@ -179,15 +179,10 @@ def _roofline(hardware, model_shape, dtype):
 
 def _run_roofline(hardware, dtype):
     """A roofline per stored run: its model's config.json, in the dtype it ran (or --dtype)."""
-    from .costs import DTYPE_BYTES, Hardware, ModelShape, Roofline
-    from .source import model_config_path
+    from .costs import Hardware, Roofline
+    from .source import run_shape
     hw = Hardware.load(hardware)
-
-    def for_run(record):
-        run_dtype = dtype or record.config.get("dtype")
-        return Roofline(hw, ModelShape.load(str(model_config_path(record.config["model"])),
-                                            run_dtype if run_dtype in DTYPE_BYTES else None))
-    return for_run
+    return lambda record: Roofline(hw, run_shape(record, dtype))
 
 
 def _num(v, spec=".1f"):
@@ -231,7 +226,12 @@ def _assumption_lines(rows) -> list[str]:
             acc = "acceptance: the run's own verifications, replayed token by token"
         else:
             acc = None
-        for line in (costs, acc, f"requests: {a['requests']}", f"not modelled: {a['not_modelled']}"):
+        d = a.get("draft_model")
+        draft = d and (f"draft model {d['checkpoint']} ({d['layers']} layers, width {d['hidden']}, {d['kv_heads']} KV "
+                       "heads): each draft forward reads its weights and the request's KV in it, priced by "
+                       + ("the same roofline" if a["cost_model"] == "roofline" else
+                          "the calibration scaled to its size"))
+        for line in (costs, acc, draft, f"requests: {a['requests']}", f"not modelled: {a['not_modelled']}"):
             if line and line not in lines:
                 lines.append(line)
     return lines

@@ -11,7 +11,8 @@ cost nothing extra there (a GPU gathers whole pages at full bandwidth). docs/sim
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..decoders.scheduler import CostModel, CostSample, fit_cost_model, qk_term
@@ -126,6 +127,20 @@ class CalibratedCost:
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         return self.model
 
+    def for_model(self, other: ModelShape, calibrated: Callable[[], ModelShape]) -> CalibratedCost:
+        """This calibration scaled to another model on the same machine (a draft model): the fixed term
+        by the ratio of layers, the per-token term by the ratio of weights read, the per-KV-position
+        terms by the ratio of KV bytes per position, the query x KV term by the ratio of attention
+        FLOPs per (query, position). `calibrated`: gives the shape of the model it was timed on."""
+        base, m = calibrated(), self.model
+        layers, weights = other.layers / base.layers, other.weight_params / base.weight_params
+        kv = other.kv_bytes_per_position / base.kv_bytes_per_position
+        qk = (other.heads * other.head_dim * other.layers) / (base.heads * base.head_dim * base.layers)
+        return CalibratedCost(replace(m, beta0=m.beta0 * layers, beta_tok=m.beta_tok * weights,
+                                      beta_attn=m.beta_attn * kv, beta_qk=m.beta_qk * qk,
+                                      beta_sparse=m.beta_sparse * kv, beta_multi=m.beta_multi * kv,
+                                      beta_capture=m.beta_capture * kv, source=f"{m.source} scaled to {other.name}"))
+
     def describe(self) -> dict:
         return {"cost_model": "calibration", **self.model.to_dict()}
 
@@ -164,6 +179,11 @@ class Roofline:
                         samples.append(CostSample(sum(r[1] for r in rows), sum(r[2] for r in rows),
                                                   qk_term(per_row), self.step_time(rows), per_row))
         return fit_cost_model(samples, source=f"roofline fit ({self.hw.name}, {self.shape.name})")
+
+    def for_model(self, other: ModelShape, calibrated: Callable[[], ModelShape] | None = None) -> Roofline:
+        """The same hardware for another model in this one's dtype (a draft model runs in its target's):
+        its own weights and KV read per step."""
+        return Roofline(self.hw, replace(other, dtype=self.shape.dtype))
 
     def describe(self) -> dict:
         return {"cost_model": "roofline", "hardware": asdict(self.hw), "model_shape": asdict(self.shape),

@@ -2,9 +2,9 @@
 
 Requests are admitted in order while fewer than `batch` are active; an admitted request runs its
 prefill rows (each a step of its own) and commits its first token. Then, step after step, the
-policy gives each active request a row; the step costs the cost model's time for those rows; a
-verification of d drafts accepts what the acceptance model says and commits a + 1 tokens. The
-result is a GenerationOutput with simulated times, so every figure (decode tok/s, TPOT, ...) comes
+policy gives each active request a row; the step costs the cost model's time for those rows (plus,
+for a draft model, its own forwards' time by its own cost model); a verification of d drafts
+accepts what the acceptance model says and commits a + 1 tokens. The result is a GenerationOutput with simulated times, so every figure (decode tok/s, TPOT, ...) comes
 from harness/metrics.py exactly as for a measured run.
 """
 from __future__ import annotations
@@ -25,9 +25,15 @@ class SimRequest:
     max_new: int  # output tokens, the first one from prefill
     # (tokens, KV read, positions whose scores it captured) per chunk; [] = free
     prefill: list[tuple[int, int, int]] = field(default_factory=list)
+    # tokens of each prefill step of the policy's own model (a draft model's) after the target's
+    own_prefill: list[int] = field(default_factory=list)
 
 
-def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None = None) -> GenerationOutput:
+def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None = None,
+             own_cost=None) -> GenerationOutput:
+    """`own_cost`: the step-cost model of the policy's own model (a draft model), for a policy with one."""
+    if policy.own_model is not None and own_cost is None:
+        raise ValueError(f"the policy runs forwards of {policy.own_model}: pass their step-cost model (own_cost)")
     t = 0.0
     steps: list[StepTrace] = []
     waiting = deque(enumerate(requests))
@@ -54,12 +60,17 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
                                                                     else 0, kv_read=kv, kv_captured=captured)]))
             if not req.prefill:
                 commit(seq, 1, t)
+            for n in req.own_prefill:  # the prompt as one row reading its n positions (not decode time)
+                t0, t = t, t + (own_cost or cost).step_time([(PREFILL, n, n, 0, 0)])
+                steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, 0)]))
             policy.admitted(seq)
             (done.__setitem__(req.id, seq) if finished(seq) else active.append(seq))
         if not active:
             continue
         rows = policy.plan(active, len(active))  # the requests left out sit the step out
-        t0, t = t, t + cost.step_time([r for _, r in rows])
+        # a draft model's forwards run inside the step, before the target's
+        own = sum(own_cost.step_time(fw) for fw in policy.own_forwards()) if own_cost else 0.0
+        t0, t = t, t + own + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
         for seq, (kind, n, kv, sparse, captured) in rows:
             reads = {"kv_read": kv, "kv_sparse": sparse, "kv_captured": captured}

@@ -8,6 +8,7 @@ roofline is asked for. A parametric setting gives the same from flags.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 from ..decoders import trait
@@ -16,6 +17,7 @@ from ..decoders.scheduler import CostModel, fit_problem
 from ..errors import UserError
 from ..harness import records
 from .acceptance import MeasuredAcceptance, ParametricAcceptance, ReplayAcceptance, token_stream
+from .costs import DTYPE_BYTES, ModelShape
 from .policies import SimPolicy, acceptance_keys, lineage
 from .replay import SimRequest, simulate
 
@@ -76,12 +78,34 @@ def num_layers_of(model: str) -> int:
 
 
 def requests_of(record: records.RunRecord) -> list[SimRequest]:
-    prefill = defaultdict(list)
+    """The run's requests with their prefill rows; a prefill row that reads no KV of the target is the
+    policy's own model's prefill (the loop records a draft model's so)."""
+    prefill, own = defaultdict(list), defaultdict(list)
     for step in record.steps:
         for row in step.rows:
-            if row[1] == "prefill":
+            if row[1] == "prefill" and int(row[6]) == 0:
+                own[row[0]].append(int(row[2]))
+            elif row[1] == "prefill":
                 prefill[row[0]].append((int(row[2]), int(row[6]), records.row_kv_captured(row)))
-    return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, [])) for r in record.requests]
+    return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, []), own.get(r.id, []))
+            for r in record.requests]
+
+
+def run_shape(record: records.RunRecord, dtype: str | None = None) -> ModelShape:
+    """The shape of the run's model, in `dtype` (default: the dtype it ran in)."""
+    dtype = dtype or record.config.get("dtype")
+    return ModelShape.load(str(model_config_path(record.config["model"])), dtype if dtype in DTYPE_BYTES else None)
+
+
+def own_cost(policy: SimPolicy, cost, record: records.RunRecord) -> tuple:
+    """(the step-cost model of the policy's own model's forwards, its assumptions): `cost` for a draft
+    model's shape; (None, {}) for a policy without a model of its own."""
+    if policy.own_model is None:
+        return None, {}
+    shape = ModelShape.load(str(policy.own_model))
+    priced = cost.for_model(shape, lambda: run_shape(record))
+    return priced, {"draft_model": {"checkpoint": str(policy.own_model), **asdict(shape)},
+                    "draft_step_costs": priced.describe()}
 
 
 def simulate_stored(record: records.RunRecord, cost) -> tuple:
@@ -102,12 +126,15 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
         for row in step.rows:
             if row[1] == DRAFT:
                 drafts[row[0]].append(row[7])
-    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts)
+    recorded = {r.id: [tuple(v) for v in r.verifications] for r in record.requests}
+    policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts,
+                       recorded)
     acceptance = ReplayAcceptance({r.id: token_stream(r.verifications) for r in record.requests})
     reqs = requests_of(record)
-    out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)
+    drafter, drafter_assumptions = own_cost(policy, cost, record)
+    out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings, own_cost=drafter)
     assumptions = {
-        "source_run": record.run_id, **cost.describe(), **acceptance.describe(),
+        "source_run": record.run_id, **cost.describe(), **acceptance.describe(), **drafter_assumptions,
         "scheduler_cost_model": sched_cost.to_dict() if sched_cost else None,
         "requests": "the run's own: prompt and output lengths, prefill rows (costed by the model)",
         "not_modelled": "host time outside engine forwards (sampling, scheduling, Python) beyond what the "

@@ -98,7 +98,7 @@ def test_aspire_defaults_come_from_the_decoder():
     from aspire_bench.errors import UserError
     with pytest.raises(UserError, match="oracle"):
         SimPolicy("aspire-oracle", None, COST, 16, 4)
-    with pytest.raises(UserError, match="'draft-model' has no simulator policy"):
+    with pytest.raises(UserError, match="'draft-model' is simulated only by replaying a stored run"):
         SimPolicy("draft-model", None, COST, 16, 4)
 
 
