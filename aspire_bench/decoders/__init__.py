@@ -31,7 +31,8 @@ BUILTIN = {
 }
 # A trait's value for a plug-in class that does not set it.
 TRAIT_DEFAULTS = {"description": "", "baseline": False, "ablation": False, "draft_kind": None, "tune_grid": {},
-                  "simulated": False, "uses_cost_model": False}
+                  "simulated": False, "uses_cost_model": False, "host_drafts": False,
+                  "draft_engine": lambda engine: None}
 
 
 @cache

@@ -226,6 +226,10 @@ class DraftModelDecoder(Decoder):
     ablation = False
     draft_kind = "draft-model"
     tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 3, 4, 5, 6)}
+    @classmethod
+    def draft_engine(cls, engine):
+        return draft_engine(cls.Settings().draft_model, engine)
+
     simulated = "replay"  # a stored run names its draft (draft_model_used): its forwards priced by its shape
     Settings = DraftModelSettings
     Policy = DraftModelPolicy

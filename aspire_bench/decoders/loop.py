@@ -257,6 +257,13 @@ class Decoder:
     # stored run of it: its drafts need what the run recorded or used), False
     simulated: bool | str = True
     uses_cost_model = False  # its policy decides with the step-cost model (Policy.cost)
+    host_drafts = False  # its drafts need no forward (a lookup on the host): step costs put c = 0
+
+    @classmethod
+    def draft_engine(cls, engine: Engine) -> Engine | None:
+        """The engine whose one-token step is this decoder's draft step at its default settings, when
+        that is not the target's (a separate draft model): step costs time it for c. None: the target's."""
+        return None
 
     def __init__(self, **settings):
         self.config = self.Settings(**settings)

@@ -98,6 +98,7 @@ class NgramDecoder(Decoder):
     baseline = True
     ablation = False
     draft_kind = "ngram"
+    host_drafts = True
     tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 4, 6), "prompt_lookup_max": (2, 3, 5)}
     simulated = "replay"  # its drafts come from the tokens: a replay takes their lengths from the run
     Settings = NgramSettings

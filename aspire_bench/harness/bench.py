@@ -35,7 +35,7 @@ from . import metrics, records
 from .generation import generate
 from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, prepare, traced_repeat
-from .step_costs import HOST_DRAFTS, TIMED_DRAFTS, measure_cell
+from .step_costs import TIMED_DRAFTS, measure_cell
 from .store import save_record
 from .tuning import tuned_settings
 
@@ -380,12 +380,16 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
     """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
     drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
-    kinds = {trait(r.decoder, "draft_kind") for r in rows} & {*TIMED_DRAFTS, *HOST_DRAFTS}
-    if not drafted or not kinds:
+    # each decoder's default view (a row given settings gets no bound share, see derive_figures)
+    names = {r.decoder for r in rows if trait(r.decoder, "draft_kind") and not r.given}
+    kinds = {trait(d, "draft_kind") for d in names} & set(TIMED_DRAFTS)
+    host = {trait(d, "draft_kind") for d in names if trait(d, "host_drafts")}
+    own = {trait(d, "draft_kind"): e for d in names if (e := trait(d, "draft_engine")(engine)) is not None}
+    if not drafted or not (kinds or host or own):
         return None
     context, _ = parse_bucket(cell.context_len)
     return measure_cell(engine, context, cell.batch_size, max(max(drafted), 1), STEP_COST_REPEATS,
-                        kinds=("ar", "verify", *sorted(kinds)), gammas=set(drafted))
+                        kinds=("ar", "verify", *sorted(kinds)), gammas=set(drafted), host=sorted(host), own=own)
 
 
 def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:

@@ -15,7 +15,9 @@ with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / A
   vegas    1 token, a token view of Vegas's default budget (its ratio of C, at least its min_tokens),
            only when asked
   verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
-  ngram    no row: prompt lookup drafts on the host, without a forward (c_ngram = 0)
+  host     no row: a decoder whose drafts need no forward (its `host_drafts` trait; c = 0)
+  own      a one-token AR step of another engine: a decoder that drafts with a model of its own
+           (its `draft_engine`), at the same context and batch on that engine's pool
 
 KV values do not change the work of a step, so the pool is filled with random values instead of
 paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end. A decoder's
@@ -44,8 +46,6 @@ from ..engine import Capture, Engine, PageView, Row, TokenView
 
 KINDS = ("weights", "ar", "aspire", "window", "verify")
 TIMED_DRAFTS = ("aspire", "window", "vegas")  # the draft rows a Cell builds (c_<kind>)
-# Draft kinds whose drafting runs no forward: their c is 0, nothing to time.
-HOST_DRAFTS = ("ngram",)
 
 
 class Cell:
@@ -171,23 +171,24 @@ def sync_for(engine: Engine):
 
 
 def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: int, seed: int = 0,
-                 kinds=KINDS, cell_hook=None, gammas=None) -> dict:
+                 kinds=KINDS, cell_hook=None, gammas=None, host=(), own=None) -> dict:
     """ms per forward of each kind, c per draft kind (c_aspire, c_window, c_vegas) and v_by_gamma for
     one (context, batch): at 0..gamma, or at 0, the given gammas and gamma when gammas is given.
-    cell_hook(cell, res) runs before the slots are freed."""
+    host: draft kinds without a forward (c = 0); own: {draft kind: engine} timed as that engine's AR
+    step. cell_hook(cell, res) runs before the slots are freed."""
     sync = sync_for(engine)
-    host = [k for k in kinds if k in HOST_DRAFTS]
-    kinds = [k for k in kinds if k not in HOST_DRAFTS]
     cell = Cell(engine, context, batch, gamma, seed)
+    others = {kind: Cell(e, context, batch, 0, seed) for kind, e in (own or {}).items()}
     try:
         res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
         todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
         fns = {kind: (lambda k=kind: cell.step(k)) for kind in kinds}
+        fns.update({kind: (lambda c=c: c.step("ar")) for kind, c in others.items()})
         fns.update({("verify", g): (lambda g=g: cell.step("verify", g)) for g in todo})
         ms = {key: t * 1e3 for key, t in timed_interleaved(fns, repeats, sync).items()}
-        res["ms"] = {kind: ms[kind] for kind in kinds}
+        res["ms"] = {kind: ms[kind] for kind in [*kinds, *others]}
         ar = res["ms"]["ar"]
-        for kind in TIMED_DRAFTS:
+        for kind in [*TIMED_DRAFTS, *others]:
             if kind in res["ms"]:
                 res[f"c_{kind}"] = res["ms"][kind] / ar
         res.update({f"c_{kind}": 0.0 for kind in host})
@@ -201,3 +202,5 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
         return res
     finally:
         cell.close()
+        for c in others.values():
+            c.close()

@@ -246,3 +246,33 @@ def test_best_baseline_is_the_fastest_of_all_four_baselines():
     rows[4] = row("draft-model", 16)
     derive_figures(rows, None)
     assert rows[-1].figures["best_baseline"] == "draft-model"
+
+
+def test_step_costs_price_both_drafts_from_their_traits():
+    """bench's step costs give ngram c = 0 (host_drafts) and draft-model the draft engine's own AR step
+    over the target's (draft_engine), so both rows get a bound share; a row given settings does not
+    make the step costs load anything."""
+    from aspire_bench.decoders import trait
+    from aspire_bench.decoders.draft_model import draft_engine
+    from aspire_bench.harness import records
+    from aspire_bench.harness.bench import BenchRow, _step_costs, derive_figures
+    from aspire_bench.harness.runner import RunConfig
+
+    engine = Engine.from_pretrained("tiny")
+    assert trait("ngram", "host_drafts") and not trait("draft-model", "host_drafts")
+    assert trait("ngram", "draft_engine")(engine) is None
+    assert trait("draft-model", "draft_engine")(engine) is draft_engine("auto", engine)
+
+    def row(decoder, verifications, settings=None):
+        rec = records.RunRecord({"decoder": decoder, "decoder_args": settings or {}}, "h", {}, info={
+            "decode_samples": [[str(i), 0, 10, 1.0] for i in range(2)], "verifications": verifications})
+        return BenchRow("1k", 2, "greedy", rec)
+
+    rows = [row("ar", []), row("ngram", [[2, 1], [0, 0]]), row("draft-model", [[3, 2], [3, 0]])]
+    costs = _step_costs(engine, RunConfig(context_len="1k", batch_size=2), rows)
+    assert costs["c_ngram"] == 0.0
+    assert set(costs["ms"]) >= {"ar", "verify", "draft-model"}
+    assert costs["c_draft-model"] == pytest.approx(costs["ms"]["draft-model"] / costs["ms"]["ar"])
+    derive_figures(rows, costs)
+    assert rows[1].figures["bound_share"] is not None and rows[2].figures["bound_share"] is not None
+    assert rows[1].figures["allowed_speedup"] == pytest.approx(3 / (costs["v_by_gamma"][2] + 1.0))
