@@ -42,7 +42,6 @@ def _batches(ctx, param, value):
 
 @click.command("simulate", epilog=examples(
     "aspire-bench simulate --run 6 --json -",
-    "aspire-bench simulate --hardware h100-nvl --model-shape qwen3-8b --context-len 32k --batch-size 8,32 --alpha 0.9",
     "aspire-bench simulate --store results.db --acceptance-from 7,8,9 --tune --hardware h200 --model-shape qwen3-1.7b"))
 @click.option("--store", "store_path", default=DEFAULT_PATH, show_default=True, envvar="ASPIRE_BENCH_STORE",
               type=click.Path(dir_okay=False),
