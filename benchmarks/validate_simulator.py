@@ -25,7 +25,7 @@ from aspire_bench.decoders.scheduler import EXTRA_TERMS, fit_cost_model
 from aspire_bench.errors import UserError
 from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_sparse
 from aspire_bench.harness.store import Store
-from aspire_bench.simulator.rows import _speedups, stored_cost, stored_rows
+from aspire_bench.simulator.rows import speedups, stored_cost, stored_rows
 
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
 
@@ -79,7 +79,7 @@ def projected_rows(store, ids, hardware: str) -> list[dict]:
                      "batch_size": c["batch_size"], "temperature": c.get("temperature"),
                      "gamma": out.info.get("gamma") if out.info.get("policy", "fixed") == "fixed" else None,
                      "simulated_decode_tok_s": decode_tok_s(out), "measured_decode_tok_s": measured})
-    _speedups(rows, key=lambda r: (r["group"], r["context"], r["batch_size"], r["temperature"]))
+    speedups(rows, key=lambda r: (r["group"], r["context"], r["batch_size"], r["temperature"]))
     return rows
 
 

@@ -41,9 +41,12 @@ class DraftModelSettings:
                              "checkpoint with the target's vocabulary, or tiny-draft)")
 
 
-def draft_path(name: str, target: Engine) -> Path:
-    """The draft checkpoint a setting names for this target."""
+def draft_path(name: str, target: Engine | None) -> Path:
+    """The draft checkpoint a setting names for this target (None: a stored run's `draft_model_used`)."""
     if name == AUTO:
+        if target is None:
+            raise ConfigError("the run does not say which draft model it used (draft_model=auto): simulate a run "
+                              "stored with its draft_model_used")
         if not _is_bundled(target):
             raise ConfigError("decoder 'draft-model' has no default draft for this model: pass --decoder-arg "
                               "draft_model=PATH (a checkpoint with the target's vocabulary)")
@@ -84,14 +87,6 @@ def draft_engine(name: str, target: Engine) -> Engine:
     return draft
 
 
-def used_draft(name: str) -> Path:
-    """The checkpoint a stored run's draft setting (`info["draft_model_used"]`) names."""
-    if name == AUTO:
-        raise ConfigError("the run does not say which draft model it used (draft_model=auto): simulate a run "
-                          "stored with its draft_model_used")
-    return SHIPPED if name == "tiny-draft" else resolve_model_path(name)
-
-
 class DraftModelPolicy(Policy):
     draft: Engine | None = None  # None: driven without an engine (the simulator), its forwards only counted
     checkpoint: Path | None = None
@@ -123,7 +118,7 @@ class DraftModelPolicy(Policy):
     @classmethod
     def for_simulation(cls, settings, page_size, num_layers, cost=None, stored=None, recorded=None):
         policy = super().for_simulation(settings, page_size, num_layers, cost, stored, recorded)
-        policy.checkpoint = used_draft((stored or {}).get("draft_model_used") or settings.draft_model)
+        policy.checkpoint = draft_path((stored or {}).get("draft_model_used") or settings.draft_model, None)
         return policy
 
     def own_model(self):
@@ -214,6 +209,8 @@ class DraftModelPolicy(Policy):
         seq.extra.setdefault("schedule", []).append({"gamma": drafted})
 
     def info(self):
+        if self.draft is None:  # simulated
+            return {"draft_model_used": "tiny-draft" if self.checkpoint == SHIPPED else str(self.checkpoint)}
         path = Path(self.draft.name)
         return {"draft_model_used": "tiny-draft" if path == SHIPPED else str(path),
                 "draft_layers": self.draft.cfg.num_layers}
@@ -226,6 +223,7 @@ class DraftModelDecoder(Decoder):
     ablation = False
     draft_kind = "draft-model"
     tune_grid: ClassVar[dict[str, tuple]] = {"gamma": (2, 3, 4, 5, 6)}
+
     @classmethod
     def draft_engine(cls, engine):
         return draft_engine(cls.Settings().draft_model, engine)

@@ -88,8 +88,11 @@ class Sampler:
         """The drafts' distributions; a point-mass draft's as a one-hot row on the logits' device, so that
         rejection sampling accepts it with min(1, p(x)) and resamples from p without x."""
         qs = seq.qs + [None] * (len(seq.pending) - len(seq.qs))
-        one_hot = lambda x: torch.zeros(logits.shape[-1], device=logits.device).index_fill_(
-            0, torch.tensor([x], device=logits.device), 1.0)
+
+        def one_hot(x: int) -> torch.Tensor:
+            q = torch.zeros(logits.shape[-1], device=logits.device)
+            q[x] = 1.0
+            return q
         return [q if q is not None else one_hot(x) for x, q in zip(seq.pending, qs)]
 
     def _batch_probs(self, rows, logits) -> dict[int, torch.Tensor]:

@@ -177,9 +177,10 @@ def measure_cell(engine: Engine, context: int, batch: int, gamma: int, repeats: 
     host: draft kinds without a forward (c = 0); own: {draft kind: engine} timed as that engine's AR
     step. cell_hook(cell, res) runs before the slots are freed."""
     sync = sync_for(engine)
-    cell = Cell(engine, context, batch, gamma, seed)
-    others = {kind: Cell(e, context, batch, 0, seed) for kind, e in (own or {}).items()}
+    cell, others = Cell(engine, context, batch, gamma, seed), {}
     try:
+        for kind, e in (own or {}).items():
+            others[kind] = Cell(e, context, batch, 0, seed)
         res = {"context": context, "batch": batch, "gamma": gamma, "ms": {}}
         todo = range(1, gamma) if gammas is None else sorted({g for g in gammas if 0 < g < gamma})
         fns = {kind: (lambda k=kind: cell.step(k)) for kind in kinds}

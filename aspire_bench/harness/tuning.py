@@ -45,9 +45,11 @@ def tuned_settings(decoder: str, given: dict) -> list[str]:
 
 
 def grid_points(decoder: str, given: dict) -> list[dict]:
-    """Every combination of the tuned settings' values, in the grid's order."""
+    """Every combination of the tuned settings' values, in the grid's order; none when nothing is tuned."""
     grid = trait(decoder, "tune_grid")
     keys = tuned_settings(decoder, given)
+    if not keys:
+        return []
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 

@@ -62,7 +62,7 @@ def _batches(ctx, param, value):
                    "shape's torch_dtype).")
 @click.option("--decoders", default=None, callback=lambda c, p, v: csv_list(c, p, v) if v else None,
               help="Parametric mode: the decoders to simulate (default: every built-in decoder that is not an "
-                   "ablation and can be simulated without a stored run: not ngram nor draft-model).")
+                   "ablation and can be simulated without a stored run).")
 @click.option("--context-len", "contexts", default=None, callback=_contexts,
               help="Parametric mode: prompt lengths, comma-separated (16k,32k).  [default: 16k]")
 @hidden_alias("--context", "contexts_alias", callback=_contexts)
@@ -81,7 +81,7 @@ def _batches(ctx, param, value):
                    "speculative run of a group): each simulated request replays a measured request's accepts "
                    "and rejects, per decoder and draft kind, so requests differ as measured.")
 @click.option("--tune/--no-tune", default=False, show_default=True,
-              help="Parametric mode: simulate each decoder with a tune_grid (MagicDec's and Vegas's gamma) at "
+              help="Parametric mode: simulate each decoder with a tuning grid (its tune_grid) at "
                    "every point of it and keep the fastest, as bench's tuned rows.")
 @click.option("--requests", "n_requests", default=None, type=REQUESTS,
               help="Parametric mode: requests per cell (default 4 x batch).")

@@ -37,8 +37,9 @@ def acceptance_keys(name: str) -> list[str]:
 class SimPolicy:
     def __init__(self, name: str, stored: dict | None = None, cost: CostModel | None = None, page_size: int = 16,
                  num_layers: int = 0, draft_scattered: dict[str, list[int]] | None = None,
-                 recorded: dict[str, list[tuple[int, int]]] | None = None):
-        """`stored`: a stored run's info (None: a parametric setting); `draft_scattered`: per request, the
+                 recorded: dict[str, list[tuple[int, int]]] | None = None, settings: dict | None = None):
+        """`stored`: a stored run's info (None: a parametric setting); `settings`: a parametric setting's
+        decoder settings beside the defaults (a stored run's come from its info); `draft_scattered`: per request, the
         scattered positions the engine counted for each of its draft rows in a stored run, in order
         (beyond them, or without them, a draft is priced as its policy reads it); `recorded`: per
         request, its verifications in that run. `cost`: the scheduler's cost model, for a policy that
@@ -55,7 +56,8 @@ class SimPolicy:
         dec = get_decoder(name)
         known = {f.name for f in fields(dec.config)} if is_dataclass(dec.config) else set()
         # The stored run's settings (its info also holds measurements and the cost model: left out).
-        dec = get_decoder(name, **{k: v for k, v in (stored or {}).items() if k in known and v is not None})
+        given = {**(stored or {}), **(settings or {})}
+        dec = get_decoder(name, **{k: v for k, v in given.items() if k in known and v is not None})
         self.settings = dec.settings()
         self.scheduler_cost = cost if trait(name, "uses_cost_model") else None
         self.policy = dec.Policy.for_simulation(dec.config, page_size, num_layers, self.scheduler_cost, stored,

@@ -61,7 +61,7 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
             if not req.prefill:
                 commit(seq, 1, t)
             for n in req.own_prefill:  # the prompt as one row reading its n positions (not decode time)
-                t0, t = t, t + (own_cost or cost).step_time([(PREFILL, n, n, 0, 0)])
+                t0, t = t, t + own_cost.step_time([(PREFILL, n, n, 0, 0)])
                 steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, 0)]))
             policy.admitted(seq)
             (done.__setitem__(req.id, seq) if finished(seq) else active.append(seq))

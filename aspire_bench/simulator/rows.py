@@ -68,7 +68,7 @@ def stored_rows(store, run_ids, calibration: str | None = None, cost=None) -> tu
             "measured_mean_accepted_len": measured.get("mean_accepted_len"),
             "assumptions": assumptions,
         })
-    _speedups(rows, key=lambda r: (r["group"], r["context"], r["batch_size"], r["temperature"]))
+    speedups(rows, key=lambda r: (r["group"], r["context"], r["batch_size"], r["temperature"]))
     return rows, recs
 
 
@@ -96,7 +96,7 @@ def parametric_rows(decoders, cost, table, contexts, batches, n_requests: int | 
                     "simulated_mean_accepted_len": sim.aggregates.get("mean_accepted_len"),
                     "measured_mean_accepted_len": None, "assumptions": assumptions,
                 })
-    _speedups(rows, key=lambda r: (r["context"], r["batch_size"]))
+    speedups(rows, key=lambda r: (r["context"], r["batch_size"]))
     return rows, recs
 
 
@@ -114,7 +114,7 @@ def _best(name: str, tune: bool, run) -> tuple:
     return out, assumptions, {"settings": best, "decode_tok_s": speed}
 
 
-def _speedups(rows: list[dict], key) -> None:
+def speedups(rows: list[dict], key) -> None:
     """speedup over the AR row of the same cell (null without one)."""
     ar = {key(r): r for r in rows if r["decoder"] == "ar"}
     for r in rows:

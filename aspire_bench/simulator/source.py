@@ -125,7 +125,7 @@ def simulate_stored(record: records.RunRecord, cost) -> tuple:
     for step in record.steps:
         for row in step.rows:
             if row[1] == DRAFT:
-                drafts[row[0]].append(row[7])
+                drafts[row[0]].append(records.row_kv_sparse(row))
     recorded = {r.id: [tuple(v) for v in r.verifications] for r in record.requests}
     policy = SimPolicy(name, record.info, sched_cost, int(record.config.get("page_size", 16)), layers, drafts,
                        recorded)
@@ -168,11 +168,12 @@ def measured_acceptance(store, sources) -> MeasuredAcceptance:
     draft kind. Runs of one decoder pool their requests."""
     ids: list[int] = []
     for src in sources:
-        if str(src).isdigit():
-            ids.append(int(src))
-            continue
+        # a group first: a group id (12 hex digits) may be all digits
         found = [r["run_id"] for r in store.list_runs(group=str(src), kind="measured")
                  if r["status"] == "ok" and trait(r["decoder"], "draft_kind")]
+        if not found and str(src).isdigit():
+            ids.append(int(src))
+            continue
         if not found:
             raise UserError(f"--acceptance-from {src}: no run id, nor a group with successful measured runs of a "
                             "speculative decoder: `aspire-bench runs` lists them")
@@ -215,9 +216,9 @@ def simulate_parametric(name: str, cost, table: dict, context: int, batch: int, 
                         scheduler_cost: CostModel | None = None, settings: dict | None = None) -> tuple:
     """table: an alpha table, or a MeasuredAcceptance; settings: the decoder's, beside its defaults."""
     # ASPIRE decides with what a calibration on this hardware at this cell's batch and context would fit
-    policy = SimPolicy(name, settings, scheduler_cost or (cost.scheduler_model(batch, context)
-                                                      if trait(name, "uses_cost_model") else None),
-                       page_size, num_layers)
+    policy = SimPolicy(name, None, scheduler_cost or (cost.scheduler_model(batch, context)
+                                                  if trait(name, "uses_cost_model") else None),
+                       page_size, num_layers, settings=settings)
     reqs = parametric_requests(context, batch, n_requests, max_new)
     acceptance = None if policy.draft_kind is None else acceptance_model(table, name, [r.id for r in reqs], seed)
     out = simulate(reqs, policy, acceptance, cost, batch, info=policy.settings)

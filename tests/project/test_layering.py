@@ -11,7 +11,7 @@ import aspire_bench
 ROOT = Path(aspire_bench.__file__).parent
 LAYERS = {"kernels": 0, "engine": 1, "models": 1, "decoders": 2, "harness": 3, "cli": 4, "cli_types": 4, "report": 4, "gate": 4,
           "gate_schema": 4, "lm_eval_cli": 4, "lm_eval_plugin": 4, "demo": 4,
-          "models_cli": 4}
+          "models_cli": 4, "simulator": 4}
 NOT_FROM_TASKS = ("engine", "decoders", "harness")
 
 

@@ -111,6 +111,20 @@ def test_tuning_keeps_the_fastest_point_of_the_grid(alpha):
     (untuned,), _ = parametric_rows(["magicdec"], cost, table, [32768], [4], 8, 32, shape.name, shape.layers)
     assert untuned["gamma"] == 3 and untuned["tuned"] is None
     assert untuned["simulated_decode_tok_s"] < row["simulated_decode_tok_s"]
+    # a decoder with no tuning grid has no tuned point, with or without --tune
+    (ar,), _ = parametric_rows(["ar"], cost, table, [32768], [4], 8, 32, shape.name, shape.layers, tune=True)
+    assert ar["tuned"] is None
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft-model"])
+def test_a_replay_only_decoder_is_refused_for_a_parametric_setting_with_settings(name):
+    """Settings given to a parametric setting (as --tune gives them) are not a stored run to replay."""
+    from aspire_bench.errors import UserError
+    shape = ModelShape.load("qwen3-1.7b")
+    cost = Roofline(Hardware.load("a100"), shape)
+    with pytest.raises(UserError, match="simulated only by replaying a stored run"):
+        simulate_parametric(name, cost, {"*": [(0.0, 0.5)]}, 32768, 4, 8, 32, 16, shape.layers,
+                            settings={"gamma": 2})
 
 
 def test_paper_projection_shows_paper_and_measured_acceptance_side_by_side(store, capsys, tmp_path):
