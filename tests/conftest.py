@@ -96,6 +96,16 @@ def fixed_samples(batch: int, context: int) -> list[tuple]:
     return samples
 
 
+@pytest.fixture(scope="session")
+def cli():
+    """The real CLI, each command in a fresh process forked from one that imported it once
+    (tests/forkcli.py): `cli(*args, cwd=..., env=..., close_stdout=...)` -> CompletedProcess."""
+    from forkcli import ForkCLI
+    server = ForkCLI()
+    yield server
+    server.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -1,18 +1,17 @@
-"""Bad input and faults at every entry point, through the real CLI in subprocesses: exit 2, one short
-error line, no traceback, and every file the command was pointed at unchanged (by hash).
+"""Bad input and faults at every entry point, through the real CLI, each command in its own process (the
+`cli` fixture): exit 2, one short error line, no traceback, and every file the command was pointed at
+unchanged (by hash).
 
-The inputs fail before any generation, so the module stays fast: argument errors never import torch,
-the rest load at most the bundled tiny model.
+The inputs fail before any generation, so the module stays fast: the commands load at most the bundled
+tiny model.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -24,13 +23,6 @@ from aspire_bench.harness.store import Store
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "aspire_bench" / "assets" / "tiny"
 ENV = {"python": "3.11", "cpu": "Test CPU"}
-
-
-def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASPIRE_BENCH_")}
-    env.update(PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "aspire_bench.cli", *map(str, args)], cwd=cwd, env=env, check=False,
-                          capture_output=True, text=True, timeout=120)
 
 
 def snapshot(d: Path) -> dict[str, str]:
@@ -143,13 +135,13 @@ STORE_CASES = [
 
 
 @pytest.mark.parametrize("args, needle", ARG_CASES + STORE_CASES, ids=[" ".join(a) for a, _ in ARG_CASES + STORE_CASES])
-def test_bad_arguments_stores_and_settings_are_refused(work, args, needle):
+def test_bad_arguments_stores_and_settings_are_refused(cli, work, args, needle):
     before = snapshot(work)
     assert_refused(cli(*args, cwd=work), needle)
     assert snapshot(work) == before
 
 
-def test_store_text_prints_literally_and_unknown_fields_are_kept(work):
+def test_store_text_prints_literally_and_unknown_fields_are_kept(cli, work):
     with closing(sqlite3.connect(work / "store.db")) as c:  # a newer writer's request field
         c.execute("UPDATE requests SET data = json_set(data, '$.newer_field', 7)")
         c.commit()
@@ -165,7 +157,7 @@ def test_store_text_prints_literally_and_unknown_fields_are_kept(work):
     assert snapshot(work) == before  # reads never write (no tables, no WAL switch)
 
 
-def test_reading_another_database_leaves_it_alone(work):
+def test_reading_another_database_leaves_it_alone(cli, work):
     # The hash check of the cases above covers the file; this also checks no -wal/-shm files appear.
     cli("runs", "--store", "other.db", cwd=work)
     with closing(sqlite3.connect(work / "other.db")) as c:
@@ -184,7 +176,7 @@ SWEEPS = {  # more in tests/test_sweep.py and the fuzzing in tests/test_validati
 
 
 @pytest.mark.parametrize("line", list(SWEEPS))
-def test_bad_sweep_values_are_refused(work, line):
+def test_bad_sweep_values_are_refused(cli, work, line):
     (work / "s.yaml").write_text(f"models: [tiny]\ndecoders: [ar]\ntasks: [needle]\n{line}\n")
     before = snapshot(work)
     assert_refused(cli("sweep", "s.yaml", "--dry-run", cwd=work), SWEEPS[line])
@@ -210,14 +202,14 @@ BASELINES = {
 
 
 @pytest.mark.parametrize("name", list(BASELINES))
-def test_gate_malformed_or_mismatched_baseline_exits_2(work, name):
+def test_gate_malformed_or_mismatched_baseline_exits_2(cli, work, name):
     (work / "b.json").write_text(json.dumps(BASELINES[name]))
     before = snapshot(work)
     assert_refused(cli("gate", "--baseline", "b.json", "--store", "store.db", "--allow-missing", cwd=work))
     assert snapshot(work) == before
 
 
-def test_gate_bad_store_exits_2(work):
+def test_gate_bad_store_exits_2(cli, work):
     (work / "b.json").write_text(json.dumps(_baseline([GOOD_ENTRY])))
     for store in ("notes.txt", "other.db", "truncated.db", "sub"):
         assert_refused(cli("gate", "--baseline", "b.json", "--store", store, cwd=work))
@@ -243,7 +235,7 @@ def _broken_model(d: Path, how: str) -> Path:
 @pytest.mark.parametrize("how, needle", [("truncated weights", "truncated or corrupt"),
                                          ("missing key", "num_attention_heads"),
                                          ("wrong shapes", "has shape")])
-def test_broken_checkpoints_are_refused(work, how, needle):
+def test_broken_checkpoints_are_refused(cli, work, how, needle):
     model = _broken_model(work, how)
     (work / "p.jsonl").write_text('{"id": "a", "input_ids": [1, 2, 3]}\n')
     before = snapshot(work)
@@ -260,7 +252,7 @@ def test_broken_checkpoints_are_refused(work, how, needle):
     ('{"input_ids": "12"}\n', "list of integer token ids"),
     ('{"input_ids": [1, 99999999]}\n', "outside the vocabulary"),
 ])
-def test_bad_prompt_files_are_refused(work, content, needle):
+def test_bad_prompt_files_are_refused(cli, work, content, needle):
     (work / "p.jsonl").write_text(content)
     before = snapshot(work)
     assert_refused(cli("generate", "--prompts", "p.jsonl", "--out", "o.jsonl", "--attention-backend", "torch",

@@ -1,7 +1,7 @@
 """Nothing lost, nothing doubled: the promises of docs/failures.md tried as a user or a CI job meets them
 (faults mid-work, a full filesystem, odd paths, two processes at once, hostile files, environment
-variables). Each command runs in its own process (forkcli: a fork of a server that imported torch
-once) and is judged by exit status, one line of stderr, files unchanged by hash and stored run counts.
+variables). Each command runs in its own process (the `cli` fixture: a fork of a server that imported
+torch once) and is judged by exit status, one line of stderr, files unchanged by hash and stored run counts.
 """
 from __future__ import annotations
 
@@ -15,17 +15,10 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from forkcli import ROOT, ForkCLI
+from forkcli import ROOT
 from test_failures import assert_refused, record, snapshot
 
 from aspire_bench.harness.store import Store
-
-
-@pytest.fixture(scope="module")
-def cli():
-    server = ForkCLI()
-    yield server
-    server.close()
 
 
 @pytest.fixture

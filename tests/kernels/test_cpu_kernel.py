@@ -197,11 +197,19 @@ def test_auto_falls_back_to_torch_when_the_kernel_does_not_build(broken_compiler
 
 
 @pytest.fixture(scope="module")
-def built_library(tmp_path_factory):
-    """One library built for the cache tests, copied into each test's fresh cache."""
-    kernels = tmp_path_factory.mktemp("built") / "kernels"
-    kernels.mkdir(mode=0o700)
-    lib = cpu_attention.build(cpu_build.compiler(), kernels)
+def fresh_build(tmp_path_factory):
+    """(a fresh cache, the library load_library built and loaded from it): the module's one real compile."""
+    new = tmp_path_factory.mktemp("built") / "new"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ASPIRE_BENCH_CACHE", str(new))
+        mp.setattr(cpu_attention, "_lib", None)
+        return new, loaded_path(cpu_attention.load_library())
+
+
+@pytest.fixture(scope="module")
+def built_library(fresh_build):
+    """That library and its sidecar, copied into each cache test's fresh cache."""
+    lib = fresh_build[1]
     return lib, lib.with_name(lib.name + ".sha256")
 
 
@@ -246,11 +254,12 @@ def test_cached_library_is_reused(cache):
     assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".sha256"]  # no temporaries
 
 
-def test_fresh_cache_is_private_and_records_the_hash(monkeypatch, tmp_path):
-    monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(tmp_path / "new"))
+def test_fresh_cache_is_private_and_records_the_hash(monkeypatch, fresh_build):
+    new, lib = fresh_build
+    assert lib.parent == new / "kernels"
+    monkeypatch.setenv("ASPIRE_BENCH_CACHE", str(new))
     monkeypatch.setattr(cpu_attention, "_lib", None)
-    lib = loaded_path(cpu_attention.load_library())
-    assert lib.parent == tmp_path / "new" / "kernels"
+    assert loaded_path(cpu_attention.load_library()) == lib  # loaded again from that cache, for the check below
     assert lib.parent.stat().st_mode & 0o077 == 0
     assert lib.with_name(lib.name + ".sha256").read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
     assert_kernel_works()

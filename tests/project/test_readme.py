@@ -87,8 +87,9 @@ def test_the_rewrites_keep_what_is_written_and_shrink_sizes():
     assert commands("# c\na \\\n  b  # why\nc\n") == ["a    b", "c"]
 
 
-def test_every_readme_block_runs(tmp_path):
-    """The README's blocks in order, in a fresh directory: the runs of one command are what the next reads."""
+def test_every_readme_block_runs(cli, tmp_path):
+    """The README's blocks in order, in a fresh directory: the runs of one command are what the next reads.
+    Python blocks run in a new interpreter each; aspire-bench lines in a process of their own (`cli`)."""
     work = tmp_path / "fresh"
     work.mkdir()
     shutil.copytree(ROOT / "ci", work / "ci")  # as in a checkout
@@ -111,8 +112,7 @@ def test_every_readme_block_runs(tmp_path):
                                    timeout=60)
             else:
                 assert argv[0] == "aspire-bench", f"{where}: a shell line that is not aspire-bench or make: {line}"
-                r = subprocess.run([sys.executable, "-m", "aspire_bench.cli", *small(argv[1:])], check=False, cwd=work,
-                                   env=env, capture_output=True, text=True, timeout=900)
+                r = cli(*small(argv[1:]), cwd=work, env={"ASPIRE_BENCH_THREADS": "1", "COLUMNS": "100"})
             assert r.returncode == 0, f"{where}: `{line}` failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
             assert "Traceback" not in r.stderr, f"{where}: `{line}`:\n{r.stderr[-3000:]}"
             ran.append(argv[1] if argv[0] == "aspire-bench" else "make")

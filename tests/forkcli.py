@@ -2,7 +2,8 @@
 
 A server process imports aspire_bench.cli (torch, pandas, click) once; each command is run in a
 fork of it: its own process, working directory, environment, stdout and stderr, exit status. The
-server never runs a model, so a fork starts from clean state. Usage: `ForkCLI()(*args, cwd=...)`.
+server never runs a model, so a fork starts from clean state. Tests take it as the session fixture
+`cli` (tests/conftest.py): `cli(*args, cwd=...)`.
 Run as a script, this file is the server (one JSON request a line on stdin, one reply a line).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _serve() -> None:
