@@ -114,8 +114,8 @@ def pytest_runtest_makereport(item, call):
     if report.failed and seeds:
         report.sections.append(("random inputs", f"seed {seeds[0]} (fuzz base {FUZZ_BASE})"))
 
-COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+COMMON = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
 
 
 def make_checkpoint(family: str, path, seed: int = 0, **over):

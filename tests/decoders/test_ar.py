@@ -1,7 +1,6 @@
 """AR decoder: greedy equals transformers.generate; continuous batching; sampling; stopping."""
 from __future__ import annotations
 
-
 import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder

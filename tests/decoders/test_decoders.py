@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.base import DRAFT, PREFILL, VERIFY
+from aspire_bench.decoders.sampler import accept_greedy, accept_sampling
 from aspire_bench.decoders.scheduler import (
     DEFAULT_COST,
     CostModel,
@@ -25,17 +27,16 @@ from aspire_bench.decoders.selection import (
     token_budget,
     top_tokens,
 )
-from aspire_bench.decoders.sampler import accept_greedy, accept_sampling
 from aspire_bench.engine import Engine, load_model
 
 # Small budgets so that drafts are really sparse at these prompt lengths.
 SPARSE = {
-    "magicdec": dict(budget=48, sinks=4),
-    "vegas": dict(min_tokens=24, ratio=0.05),
-    "aspire": dict(min_pages=2, recent_pages=1),
-    "aspire-fixed": dict(min_pages=2, recent_pages=1),
-    "aspire-fsm": dict(min_pages=2, recent_pages=1),
-    "aspire-norefresh": dict(min_pages=2, recent_pages=1),
+    "magicdec": {"budget": 48, "sinks": 4},
+    "vegas": {"min_tokens": 24, "ratio": 0.05},
+    "aspire": {"min_pages": 2, "recent_pages": 1},
+    "aspire-fixed": {"min_pages": 2, "recent_pages": 1},
+    "aspire-fsm": {"min_pages": 2, "recent_pages": 1},
+    "aspire-norefresh": {"min_pages": 2, "recent_pages": 1},
 }
 
 
@@ -118,13 +119,13 @@ def test_bundled_tiny_model_parity():
     from aspire_bench.engine.loading import TINY_DIR
     assert (TINY_DIR / "model.safetensors").exists(), "bundled tiny model missing"
     eng = Engine.from_pretrained("tiny", attention_backend="torch")
-    text = open(__file__).read()
+    text = Path(__file__).read_text()
     ids = eng.tokenizer.encode(text * 4)
     reqs = [Request(str(i), ids[i * 37: i * 37 + n], 24) for i, n in enumerate((700, 300, 900, 520, 640, 410))]
     ref = get_decoder("ar").generate(eng, reqs, SamplingParams(), 4)
     rejected = 0
-    for name in SPARSE:
-        out = get_decoder(name, **SPARSE[name]).generate(eng, reqs, SamplingParams(), 4)
+    for name, settings in SPARSE.items():
+        out = get_decoder(name, **settings).generate(eng, reqs, SamplingParams(), 4)
         assert [r.output_ids for r in out.results] == [r.output_ids for r in ref.results], name
         rejected += sum(d > a for r in out.results for d, a in r.verifications)
     assert rejected > 0  # the drafts were really checked, not trivially all accepted

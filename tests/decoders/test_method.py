@@ -12,7 +12,6 @@ import pytest
 
 from aspire_bench.decoders import loop
 from aspire_bench.engine import Engine
-from aspire_bench.harness import metrics
 from aspire_bench.harness.bench import SAMPLINGS, Sampling, bench
 from aspire_bench.harness.runner import RunConfig, measure_repeat, prepare, run
 from aspire_bench.harness.sweep import expand, run_sweep

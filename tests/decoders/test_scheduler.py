@@ -30,7 +30,7 @@ from aspire_bench.decoders.scheduler import (
 from aspire_bench.decoders.state import RequestState
 from aspire_bench.engine import SCATTERED_HEAD, Engine, Row, load_model
 
-SPARSE = dict(min_pages=2, recent_pages=1)
+SPARSE = {"min_pages": 2, "recent_pages": 1}
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ def test_poor_calibration_is_rejected_with_a_warning(engine, tmp_path):
 @pytest.mark.parametrize("name", ["ar", "magicdec", "vegas", "aspire", "aspire-fsm"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_identical_invocations_give_identical_tokens(engine, name, temperature):
-    settings = {"magicdec": dict(budget=48, sinks=4), "vegas": dict(min_tokens=24, ratio=0.05)}.get(
+    settings = {"magicdec": {"budget": 48, "sinks": 4}, "vegas": {"min_tokens": 24, "ratio": 0.05}}.get(
         name, {} if name == "ar" else SPARSE)
     params = SamplingParams(temperature=temperature, top_k=50, top_p=0.9, seed=7)
     with warnings.catch_warnings():

@@ -158,7 +158,7 @@ def test_sparse_page_view_equals_masked_dense_attention():
 
 def test_rope_parameters_dialect_equals_rope_scaling(checkpoints, tmp_path):
     """A 5.x-style config (rope_parameters) loads to the same model as the 4.x dialect."""
-    path, hf = checkpoints["llama"]
+    path, _ = checkpoints["llama"]
     new = tmp_path / "llama5"
     shutil.copytree(path, new)
     cfg = json.loads((new / "config.json").read_text())

@@ -189,8 +189,7 @@ def test_a_steps_sampling_in_one_call_matches_the_per_row_path(top_k, top_p, see
     fresh random rows of every kind in one call: decode / draft rows, verify rows of 0 to 6 drafts, with
     draft distributions unrelated to the target's (rejections, residual draws) and drafts the target
     gives no mass (certain rejection, once with a residual without mass)."""
-    from aspire_bench.decoders.sampler import sample_from
-    from aspire_bench.decoders.sampler import accept_sampling
+    from aspire_bench.decoders.sampler import accept_sampling, sample_from
     params = SamplingParams(0.7, top_k, top_p)
     g = torch.Generator().manual_seed(seed)
     vocab = 500

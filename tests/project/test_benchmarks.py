@@ -135,8 +135,8 @@ def test_prefill_vs_transformers_engine_prefill_fills_the_kv_as_transformers_doe
 def test_ar_bandwidth_loads_a_named_checkpoint(tmp_path):
     import torch
 
-    from benchmarks import ar_bandwidth
     from aspire_bench.engine import Engine
+    from benchmarks import ar_bandwidth
     ours = ar_bandwidth.build_engine(str(tmp_path), 512, 0, "torch", model="tiny")
     bundled = Engine.from_pretrained("tiny")
     assert ours.model.weight_bytes() == bundled.model.weight_bytes()
