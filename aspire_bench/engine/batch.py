@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 import torch
 
@@ -40,7 +39,7 @@ class LayerTokenView:
     positions: torch.Tensor  # [num_layers, m] positions within the slot (int64), each < start
 
 
-View = Union[None, PageView, TokenView, LayerTokenView]
+View = PageView | TokenView | LayerTokenView | None
 
 
 @dataclass

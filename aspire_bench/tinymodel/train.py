@@ -49,12 +49,12 @@ class TrainSettings:
 def model_config(vocab_size: int, eos_id: int, **overrides):
     from transformers import Qwen3Config
 
-    shape = dict(
-        hidden_size=128, intermediate_size=384, num_hidden_layers=16, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=40960, tie_word_embeddings=True,
+    shape = {
+        "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 16, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 40960, "tie_word_embeddings": True,
         # A large base keeps 32k positions distinguishable although training stops at 8k.
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    )
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    }
     shape.update(overrides)
     return Qwen3Config(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=eos_id, **shape)
 
