@@ -129,29 +129,10 @@ class CostModel:
     + beta_multi * KV positions read by rows of more than qk_free tokens
     + beta_capture * KV positions whose attention scores rows captured.
 
-    The query x KV term is zero in the paper's model; on a CPU, where each extra verify query costs
-    arithmetic per key, it is what makes a verification of gamma drafts dearer than one of 0. A row's
-    KV is read once for all its queries, so while the arithmetic of a few queries hides under that
-    read they cost nothing extra: `qk_free` (fitted) is how many. 0 is the plain linear term.
-
-    The sparse term is zero in the paper's model too: a draft's pages, scattered over the cache,
-    cost a CPU more per position than a contiguous prefix (the first positions of every run are
-    read before the hardware streams it), so beta_sparse is what a position at the head of a run
-    (engine.SCATTERED_HEAD) costs beyond beta_attn. A sink + window view is two runs and pays for
-    their heads only.
-
-    The multi-query term is zero in the paper's model too. A CPU kernel may verify a row whose
-    queries no longer ride free by another method than a row whose queries do (the compiled kernel:
-    scores through a transposed K block, with a fixed cost per key whatever the queries), so the
-    first token past qk_free costs more than each later one: beta_multi per KV position is that
-    step, beta_qk the slope after it. It prices steps (rows_time: the simulator, the calibration's
-    own fit) and each draft length for ASPIRE's scheduler (cycle_prices).
-
-    The capture term is zero in the paper's model too. A row that captures attention scores (ASPIRE's
-    draft and verify rows at the refresh layer, which pick the next draft's pages) writes each captured
-    score out and reduces it per page: work that follows the whole prefix at that layer, whatever the
-    row's view, and that no other term follows (a draft's read of the refresh layer costs what a
-    decode row's read does; its capture comes on top).
+    The paper's model has the first three terms. The others price what a CPU adds: verify queries
+    beyond those that ride free on a row's KV read, the head of every scattered run, the step to
+    another kernel method past qk_free queries, and the refresh layer's score capture (each term's
+    reason: docs/decoders.md, "Cost model"). Prices steps (rows_time) and draft lengths (cycle_prices).
     """
 
     beta0: float
