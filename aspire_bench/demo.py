@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .errors import UserError
 from .harness.bench import Sampling, bench, bench_table
+from .harness.tables import emit
 
 DEMO_SWEEP = Path(__file__).parent / "sweeps" / "demo.yaml"
 # the same on a real pretrained model (`aspire-bench models get smollm2-135m`)
@@ -42,7 +43,7 @@ def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", sweep
         resolve_model_path(model)  # a model not at hand stops the demo here, in one line
     rows, bandwidth = bench(**bench_args(spec), store=store, tune=False, name=spec.get("name", "demo"))
     console = Console()
-    console.print(bench_table(rows, bandwidth))
+    emit(bench_table(rows, bandwidth), None)  # fitted to a terminal, Markdown in a log: no value cut
     ids = [r.record.run_id for r in rows]
     try:
         with Store(store, readonly=True) as st:
@@ -51,7 +52,7 @@ def demo(store: str = "aspire_results.db", out: str = "leaderboards/demo", sweep
         console.print(f"no simulator replay: {e}", highlight=False)
     else:
         save(store, sims)
-        console.print(replay_table(sim_rows))
+        emit(replay_table(sim_rows), None)
     simulated = simulated_by_source(load_runs(store, kind="simulated"))
     for board in build([r for r in load_runs(store) if r.run_id in ids]).boards:
         console.print(f"[bold]{board.title}[/]: what bounds each decoder")
