@@ -115,7 +115,7 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("random inputs", f"seed {seeds[0]} (fuzz base {FUZZ_BASE})"))
 
 COMMON = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
 
 
 def make_checkpoint(family: str, path, seed: int = 0, **over):

@@ -209,11 +209,8 @@ class DraftModelPolicy(Policy):
         seq.extra.setdefault("schedule", []).append({"gamma": drafted})
 
     def info(self):
-        if self.draft is None:  # simulated
-            return {"draft_model_used": "tiny-draft" if self.checkpoint == SHIPPED else str(self.checkpoint)}
-        path = Path(self.draft.name)
-        return {"draft_model_used": "tiny-draft" if path == SHIPPED else str(path),
-                "draft_layers": self.draft.cfg.num_layers}
+        used = {"draft_model_used": "tiny-draft" if self.checkpoint == SHIPPED else str(self.checkpoint)}
+        return used if self.draft is None else {**used, "draft_layers": self.draft.cfg.num_layers}
 
 
 class DraftModelDecoder(Decoder):

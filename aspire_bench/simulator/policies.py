@@ -39,8 +39,8 @@ class SimPolicy:
                  num_layers: int = 0, draft_scattered: dict[str, list[int]] | None = None,
                  recorded: dict[str, list[tuple[int, int]]] | None = None, settings: dict | None = None):
         """`stored`: a stored run's info (None: a parametric setting); `settings`: a parametric setting's
-        decoder settings beside the defaults (a stored run's come from its info); `draft_scattered`: per request, the
-        scattered positions the engine counted for each of its draft rows in a stored run, in order
+        decoder settings beside the defaults (a stored run's come from its info); `draft_scattered`: per
+        request, the scattered positions the engine counted for each of its draft rows in a stored run, in order
         (beyond them, or without them, a draft is priced as its policy reads it); `recorded`: per
         request, its verifications in that run. `cost`: the scheduler's cost model, for a policy that
         decides with one."""

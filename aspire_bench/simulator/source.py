@@ -171,13 +171,13 @@ def measured_acceptance(store, sources) -> MeasuredAcceptance:
         # a group first: a group id (12 hex digits) may be all digits
         found = [r["run_id"] for r in store.list_runs(group=str(src), kind="measured")
                  if r["status"] == "ok" and trait(r["decoder"], "draft_kind")]
-        if not found and str(src).isdigit():
+        if found:
+            ids += found
+        elif str(src).isdigit():
             ids.append(int(src))
-            continue
-        if not found:
+        else:
             raise UserError(f"--acceptance-from {src}: no run id, nor a group with successful measured runs of a "
                             "speculative decoder: `aspire-bench runs` lists them")
-        ids += found
     streams: dict[str, list[list[bool]]] = {}
     runs: dict[str, list[int]] = {}
     contexts: dict[str, list[int]] = {}

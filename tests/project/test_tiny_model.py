@@ -120,8 +120,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch)
     from aspire_bench.tinymodel import train
 
     files = corpus.list_files("train")[:4]
-    kw = {"max_steps": 8, "files": files, "eval_tokens": 0, "log_every": 100, "checkpoint_every": 3, "eval_every": 4,
-              "eval_contexts": (4096, 1024)}
+    kw = {"max_steps": 8, "files": files, "eval_tokens": 0, "log_every": 100, "checkpoint_every": 3,
+          "eval_every": 4, "eval_contexts": (4096, 1024)}
     whole = train_tiny(tmp_path / "whole", settings=_small_settings(), **kw)
 
     real_save = train.save_checkpoint
