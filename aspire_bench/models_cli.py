@@ -12,11 +12,13 @@ from .harness.tables import emit, examples, format_option, info
 
 
 def _rows() -> list[dict]:
-    from .engine.loading import TINY_DIR
     from .models import KNOWN, cache_root, model_dir
+    from .models.bundled import bundled_source
     from .models.convert import PROVENANCE
-    rows = [{"model": "tiny", "status": "bundled", "path": str(TINY_DIR),
-             "about": "3.7M-parameter Qwen3 trained on Python source, shipped with aspire-bench"}]
+    rows = [{"model": "tiny", "status": "bundled", "path": str(bundled_source("tiny")),
+             "about": "3.7M-parameter Qwen3 trained on Python source, shipped with aspire-bench"},
+            {"model": "tiny-draft", "status": "bundled", "path": str(bundled_source("tiny-draft")),
+             "about": "2-layer draft of tiny (decoder draft-model's default draft for it)"}]
     for name, m in KNOWN.items():
         d = model_dir(name)
         ready = (d / "config.json").is_file()

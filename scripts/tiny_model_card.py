@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from aspire_bench.engine import resolve_model_path
 from aspire_bench.textstats import distinct_n
 from aspire_bench.tinymodel import TINY_DIR
 from aspire_bench.tinymodel.train import heldout_loss, heldout_prefix
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--card", type=Path, default=Path("docs/tiny-model.md"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    m = measure(args.model, args.threads)
+    m = measure(resolve_model_path(args.model), args.threads)  # the shipped folder: its weights expanded
     store_losses(args.model, m["heldout_loss"])
     record = json.loads((args.model / "training.json").read_text())
     args.card.write_text(render(record, m))

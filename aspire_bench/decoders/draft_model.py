@@ -18,13 +18,13 @@ from typing import ClassVar
 import torch
 
 from ..engine import Engine, Row, load_model, load_tokenizer, resolve_model_path
-from ..engine.loading import TINY_DIR
 from ..errors import ConfigError
+from ..models.bundled import bundled_name
 from .base import DECODE, VERIFY
 from .loop import Decoder, Plan, Policy
 from .sampler import logits_to_probs, sample_from, stack_rows
 
-SHIPPED = TINY_DIR.parent / "tiny-draft"  # a 2-layer draft for the bundled model, same tokenizer
+SHIPPED = "tiny-draft"  # a 2-layer draft for the bundled model, same tokenizer
 AUTO = "auto"  # the shipped draft for the bundled model; other targets name theirs
 
 
@@ -47,23 +47,11 @@ def draft_path(name: str, target: Engine | None) -> Path:
         if target is None:
             raise ConfigError("the run does not say which draft model it used (draft_model=auto): simulate a run "
                               "stored with its draft_model_used")
-        if not _is_bundled(target):
+        if bundled_name(target.name) != "tiny":
             raise ConfigError("decoder 'draft-model' has no default draft for this model: pass --decoder-arg "
                               "draft_model=PATH (a checkpoint with the target's vocabulary)")
-        name = "tiny-draft"
-    if name == "tiny-draft":
-        if not (SHIPPED / "config.json").is_file():
-            raise ConfigError(f"the shipped draft model is missing from {SHIPPED}: reinstall aspire-bench or "
-                              "pass --decoder-arg draft_model=PATH")
-        return SHIPPED
+        name = SHIPPED
     return resolve_model_path(name)
-
-
-def _is_bundled(engine: Engine) -> bool:
-    try:
-        return engine.name == "tiny" or Path(engine.name).resolve() == TINY_DIR
-    except OSError:
-        return False
 
 
 @lru_cache(maxsize=2)
@@ -209,7 +197,7 @@ class DraftModelPolicy(Policy):
         seq.extra.setdefault("schedule", []).append({"gamma": drafted})
 
     def info(self):
-        used = {"draft_model_used": "tiny-draft" if self.checkpoint == SHIPPED else str(self.checkpoint)}
+        used = {"draft_model_used": SHIPPED if bundled_name(self.checkpoint) == SHIPPED else str(self.checkpoint)}
         return used if self.draft is None else {**used, "draft_layers": self.draft.cfg.num_layers}
 
 

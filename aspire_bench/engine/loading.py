@@ -1,8 +1,9 @@
 """Hugging Face checkpoint directory -> Transformer (+ tokenizer).
 
 A directory holds config.json, model.safetensors or a sharded model.safetensors.index.json, and
-tokenizer files. `tiny` names the checkpoint shipped inside this package; the names of `aspire-bench models`
-(e.g. smollm2-135m) and GGUF files resolve to checkpoints converted into the user cache (see ..models).
+tokenizer files. `tiny` and `tiny-draft` name the checkpoints shipped inside this package (expanded into
+the cache on first use, see ..models.bundled); the names of `aspire-bench models` (e.g. smollm2-135m) and
+GGUF files resolve to checkpoints converted into the user cache (see ..models).
 """
 from __future__ import annotations
 
@@ -15,18 +16,15 @@ from ..errors import CheckpointError, ConfigError
 from .config import ModelConfig
 from .model import LayerWeights, Transformer
 
-TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    if str(model) == "tiny":
-        if not (TINY_DIR / "config.json").exists():
-            raise CheckpointError(f"the bundled tiny model is missing from {TINY_DIR}: reinstall aspire-bench "
-                                  "or train it with `aspire-bench train-tiny`")
-        return TINY_DIR
     from ..models import KNOWN, resolve_model
+    from ..models.bundled import bundled_checkpoint, bundled_name
+    if (name := bundled_name(model)) is not None:
+        return bundled_checkpoint(name)
     found = resolve_model(str(model))
     if found is not None:
         return found

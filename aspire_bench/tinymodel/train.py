@@ -375,7 +375,9 @@ def train_tiny(
         config = model_config(tok.get_vocab_size(), eos_id, **s.model)
         model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa").to(device)
     else:
-        model = Qwen3ForCausalLM.from_pretrained(str(init_from), dtype=torch.float32,
+        from ..models.bundled import bundled_checkpoint, bundled_name
+        weights = bundled_checkpoint(name) if (name := bundled_name(init_from)) else init_from  # expanded once
+        model = Qwen3ForCausalLM.from_pretrained(str(weights), dtype=torch.float32,
                                                  attn_implementation="sdpa").to(device)
         if keep_layers:
             keep_only_layers(model, keep_layers)

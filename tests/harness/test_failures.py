@@ -19,9 +19,9 @@ import pytest
 
 from aspire_bench.harness.records import RequestRow, RunRecord, config_hash
 from aspire_bench.harness.store import Store
+from aspire_bench.models.bundled import bundled_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "aspire_bench" / "assets" / "tiny"
 ENV = {"python": "3.11", "cpu": "Test CPU"}
 
 
@@ -219,7 +219,7 @@ def test_gate_bad_store_exits_2(cli, work):
 
 def _broken_model(d: Path, how: str) -> Path:
     m = d / f"model-{how.replace(' ', '-')}"
-    shutil.copytree(TINY, m)
+    shutil.copytree(bundled_checkpoint("tiny"), m)
     cfg = json.loads((m / "config.json").read_text())
     if how == "truncated weights":
         data = (m / "model.safetensors").read_bytes()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from aspire_bench import corpus
+from aspire_bench.models.bundled import bundled_checkpoint
 from aspire_bench.textstats import distinct_n
 from aspire_bench.tinymodel import TINY_DIR
 from aspire_bench.tinymodel.train import TrainSettings, heldout_loss, heldout_prefix, train_tiny
@@ -107,10 +108,10 @@ def test_python_corpus_adds_site_packages_but_never_heldout_code(monkeypatch):
 def shipped():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert (TINY_DIR / "model.safetensors").is_file(), f"no checkpoint in {TINY_DIR}: train and copy it"
+    path = bundled_checkpoint("tiny")  # the shipped files, expanded as every reader gets them
     torch.set_num_threads(2)
-    tok = AutoTokenizer.from_pretrained(TINY_DIR)
-    model = AutoModelForCausalLM.from_pretrained(TINY_DIR, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     record = json.loads((TINY_DIR / "training.json").read_text())
     return tok, model, record
 
@@ -248,4 +249,4 @@ def test_shipped_draft_shares_the_bundled_models_vocabulary_and_width():
     assert all(cfg[k] == target[k] for k in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim",
                                              "num_key_value_heads", "eos_token_id"))
     assert (draft / "tokenizer.json").read_bytes() == (TINY_DIR / "tokenizer.json").read_bytes()
-    assert (draft / "model.safetensors").stat().st_size < 2e6
+    assert (draft / "model.safetensors.xz").stat().st_size < 2e6
