@@ -28,7 +28,7 @@ import torch
 
 from ..decoders import BUILTIN, check_for_model, get_decoder, trait
 from ..decoders.base import PAPER_SAMPLING, GenerationOutput
-from ..decoders.calibration import calibrate, pooled_calibration
+from ..decoders.calibration import Calibration, calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -294,7 +294,7 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     reqs = prepared[entries[0]].reqs
     parts = slices(len(reqs), cell.batch_size, cell.repeat, n_rounds)
     outputs = {e: [] for e in entries}
-    rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
+    rounds: dict[tuple, Calibration] = {}  # (entry, repeat) -> the calibration round timed right after it
     machine: list[dict] = []  # one per round: the probe, the slice and the order the decoders ran in
     try:
         for i in range(cell.repeat):
@@ -332,8 +332,9 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
         prepared[e].info["rounds"] = machine
         if rounds:
             after = rounds[e, traced_repeat(outputs[e])]  # calibrate() fitted its own samples already
-            prepared[e].info["adjacent_calibration"] = {**after, "source": "adjacent calibration", "rounds": 1}
-            prepared[e].info["interleaved_calibration"] = pooled
+            adjacent = replace(after, fit=replace(after.fit, source="adjacent calibration"), rounds=1)
+            prepared[e].info["adjacent_calibration"] = adjacent.to_json()
+            prepared[e].info["interleaved_calibration"] = pooled.to_json()
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep=name, show_progress=show_progress,
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
@@ -366,7 +367,7 @@ def _joined(pieces: list[GenerationOutput]) -> GenerationOutput:
                             t0 + sum(o.t_end - o.t_start for o in pieces), info=pieces[-1].info)
 
 
-def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
+def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> Calibration:
     """One timed round of ASPIRE's calibration grid (calibration.calibrate) at the cell's context: the
     same grid every round, so the rounds pool point by point; the seed changes the order its points
     are timed in (and which random pages a draft reads). At the cell's own context because a step's

@@ -346,9 +346,9 @@ def test_bench_keeps_the_calibration_round_after_each_runs_traced_repeat(random_
         samples = [(n, kv, 0.0, 1e-3 + 1e-5 * n + k * 1e-8 * kv, [(n, kv, 0)])
                    for n in (1, 4, 16) for kv in (1e3, 1e4, 1e5)]
         # what calibrate() returns: the fit of its samples, and the samples
-        from aspire_bench.decoders.scheduler import fit_cost_model
-        return {**fit_cost_model(samples, source="calibration").to_dict(), "samples": samples, "context": 1024,
-                "batch_size": 2}
+        from aspire_bench.decoders.calibration import Calibration
+        from aspire_bench.decoders.scheduler import CostSample, fit_cost_model
+        return Calibration(fit_cost_model(samples, source="calibration"), tuple(map(CostSample.of, samples)), 2, 1024)
 
     monkeypatch.setattr(B, "_calibration_round", fake_round)
     rows, _ = B.bench(str(random_tiny), "needle", ["1k"], [2], ["ar", "magicdec"], repeat=2, max_new_tokens=4,
