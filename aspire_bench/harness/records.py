@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import aspire_bench
-from aspire_bench.decoders.base import GenerationOutput
+from aspire_bench.decoders.base import GenerationOutput, ParityMargins
 from aspire_bench.harness import metrics
 from aspire_bench.harness.parity import Parity, RunParity
 from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
@@ -81,7 +81,30 @@ class RequestRow:
     verifications: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     figures: dict = field(default_factory=dict)  # metrics.request_figures
     parity: dict | None = None  # metrics.Parity fields, for speculative runs compared with AR
-    extra: dict = field(default_factory=dict)
+    # RequestResult's typed fields (decoders/base.py)
+    margins: ParityMargins | None = None
+    schedule: list[dict] | None = None
+    draft_lengths: list[int] | None = None
+    extra: dict = field(default_factory=dict)  # RequestResult.extra, and fields a newer writer added
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> RequestRow:
+        """A stored row (a JSONL record's, the store's). Fields a newer writer added are kept in `extra`,
+        unread; a row stored before the typed fields has them in `extra` (AR's `margins`, `runner_up`
+        and `top_logit`, `schedule`, `draft_lengths`): read into them."""
+        known, unknown = known_fields(cls, d)
+        row = cls(**{**known, "verifications": [tuple(v) for v in known.get("verifications", [])]})
+        if isinstance(row.extra, Mapping):  # else refused by record_problem
+            row.extra = old = {**unknown, **row.extra}
+            if row.margins is None and "margins" in old:
+                row.margins = ParityMargins(old.pop("margins"), old.pop("runner_up", []),
+                                            old.pop("top_logit", []))
+            for k in ("schedule", "draft_lengths"):
+                if getattr(row, k) is None and k in old:
+                    setattr(row, k, old.pop(k))
+        if isinstance(row.margins, Mapping):
+            row.margins = ParityMargins(**known_fields(ParityMargins, row.margins)[0])
+        return row
 
 
 @dataclass
@@ -118,14 +141,7 @@ class RunRecord:
     def from_json(cls, d: Mapping) -> RunRecord:
         """The record of a JSON object; fields a newer writer added are kept in `info`/`extra`, unread."""
         d, unknown = known_fields(cls, d)
-        requests = []
-        for r in d.get("requests", []):
-            r, extra = known_fields(RequestRow, r)
-            row = RequestRow(**{**r, "verifications": [tuple(v) for v in r.get("verifications", [])]})
-            for k, v in extra.items():
-                row.extra.setdefault(k, v)
-            requests.append(row)
-        d["requests"] = requests
+        d["requests"] = [RequestRow.from_json(r) for r in d.get("requests", [])]
         d["steps"] = [StepRecord(**{**known_fields(StepRecord, s)[0], "rows": [tuple(x) for x in s["rows"]]})
                       for s in d.get("steps", [])]
         rec = cls(**d)
@@ -163,6 +179,10 @@ def record_problem(rec: RunRecord) -> str | None:
             return f"{where}: score and token_times must be numbers"
         if not isinstance(r.figures, dict) or not isinstance(r.extra, dict) or not isinstance(r.parity, (dict, type(None))):
             return f"{where}: figures, extra and parity must be mappings"
+        optional = type(None)
+        if not (isinstance(r.margins, (ParityMargins, optional)) and isinstance(r.schedule, (list, optional))
+                and isinstance(r.draft_lengths, (list, optional))):
+            return f"{where}: margins must be AR's record and schedule and draft_lengths lists, or null"
     for i, s in enumerate(rec.steps):
         if not (isinstance(s.index, int) and isinstance(s.n_tokens, int) and isinstance(s.t_start, (int, float))
                 and isinstance(s.t_end, (int, float)) and isinstance(s.rows, list)):
@@ -215,7 +235,8 @@ def from_output(
             t_arrival=r.t_arrival - t0, t_prefill_start=r.t_prefill_start - t0,
             token_times=[t - t0 for t in r.token_times], verifications=[tuple(v) for v in r.verifications],
             figures=metrics.request_figures(r),
-            parity=_parity_dict(found[r.id]) if r.id in found else None, extra=dict(r.extra),
+            parity=_parity_dict(found[r.id]) if r.id in found else None, margins=r.margins,
+            schedule=r.schedule, draft_lengths=r.draft_lengths, extra=dict(r.extra),
         )
         for r in output.results
     ]

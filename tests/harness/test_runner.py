@@ -31,8 +31,8 @@ def test_run_api_stores_a_complete_record(random_tiny, tmp_path):
     assert all(r.prompt_len == 1024 for r in rec.requests)
     assert all(r.score is not None for r in rec.requests)
     # the scheduler's view of each verification reaches the store (replayable runs)
-    assert all(r.extra["schedule"] and all(set(v) == {"alpha", "c", "gamma"} for v in r.extra["schedule"])
-               and [v["gamma"] for v in r.extra["schedule"]] == r.extra["draft_lengths"] for r in rec.requests)
+    assert all(r.schedule and all(set(v) == {"alpha", "c", "gamma"} for v in r.schedule)
+               and [v["gamma"] for v in r.schedule] == r.draft_lengths and r.extra == {} for r in rec.requests)
 
 
 def test_cli_run_prints_summary_and_stores(random_tiny, tmp_path):
