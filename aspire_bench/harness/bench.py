@@ -159,7 +159,7 @@ class BenchRow:
     @property
     def settings(self) -> dict:
         """The decoder settings actually used (tuned gamma included)."""
-        return {k: v for k, v in self.record.info.items() if k not in records.INFO_NOT_SETTINGS}
+        return self.record.settings
 
     @property
     def label(self) -> str:
@@ -214,7 +214,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
         a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
         a["memory_bw_gbs"] = bandwidth / 1e9
         for key, agg in (("mem_gbs", "memory_bw_gbs"), ("fma_gflops", "fma_gflops")):
-            lo_hi = state_range(rec.info.get("rounds", []), key)
+            lo_hi = state_range(rec.section("rounds", []), key)
             a[f"{agg}_min"], a[f"{agg}_max"] = lo_hi or (None, None)
 
     base = RunConfig(model=model, task=task, max_new_tokens=max_new_tokens, seed=seed, repeat=repeat, dtype=dtype,
@@ -380,7 +380,7 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> Calibration:
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
     """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
-    drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
+    drafted = [v[0] for r in rows for v in r.record.section("verifications", [])]
     # each decoder's default view (a row given settings gets no bound share, see derive_figures)
     names = {r.decoder for r in rows if trait(r.decoder, "draft_kind") and not r.given}
     kinds = {trait(d, "draft_kind") for d in names} & set(TIMED_DRAFTS)
@@ -425,7 +425,7 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
         # the cell's step costs are those of each decoder's default view: none for a row given settings
         kind = trait(r.decoder, "draft_kind")
         if spec and costs is not None and f"c_{kind}" in costs and not r.given:
-            allowed = metrics.allowed_speedup([tuple(v) for v in r.record.info.get("verifications", [])],
+            allowed = metrics.allowed_speedup([tuple(v) for v in r.record.section("verifications", [])],
                                               costs[f"c_{kind}"], costs["v_by_gamma"])
             f["allowed_speedup"] = allowed
             if allowed and f["speedup_vs_ar"] is not None:
@@ -438,16 +438,16 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
                 r.record.aggregates[k] = v
     if costs is not None:
         for r in rows:
-            r.record.info["step_costs"] = costs
+            r.record.set_section("step_costs", costs)
 
 
 def _samples(rec: records.RunRecord) -> dict:
-    return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.info.get("decode_samples", [])}
+    return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.section("decode_samples", [])}
 
 
 def _blocks(rec: records.RunRecord) -> dict:
     """(request id, repeat) -> the round that measured it."""
-    return {(rid, m["repeat"]): m["round"] for m in rec.info.get("rounds", []) for rid in m["requests"]}
+    return {(rid, m["repeat"]): m["round"] for m in rec.section("rounds", []) for rid in m["requests"]}
 
 
 def _ci(num: dict, den: dict, blocks: dict | None = None) -> list[float] | None:
@@ -470,7 +470,7 @@ def _ms(a: dict, key: str) -> str:
 
 def machine_state(rows: list[BenchRow]) -> str:
     """`; rounds: memory 27.3-42.7 GB/s, FMA 106-114 GFLOP/s`: the range the rounds' probes saw."""
-    rounds = list({id(m): m for r in rows for m in r.record.info.get("rounds", [])}.values())
+    rounds = list({id(m): m for r in rows for m in r.record.section("rounds", [])}.values())
     mem, fma = state_range(rounds, "mem_gbs"), state_range(rounds, "fma_gflops")
     if mem is None or fma is None:
         return ""
@@ -483,7 +483,7 @@ def state_notes(store, rows: list[BenchRow]) -> list[str]:
     stored run of the same cell and decoder saw: the two runs' intervals need not overlap."""
     notes = []
     for r in rows:
-        now = state_range(r.record.info.get("rounds", []), "mem_gbs")
+        now = state_range(r.record.section("rounds", []), "mem_gbs")
         if now is None or r.decoder != "ar":
             continue
         for s in store.list_runs(config_hash=r.record.config_hash):

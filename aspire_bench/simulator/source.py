@@ -33,7 +33,7 @@ def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
     all the cell's rounds pooled; else the cost model of the group's ASPIRE run (its own first),
     when it came from a calibration with all its terms."""
     for key in ("adjacent_calibration", "interleaved_calibration"):
-        cm = record.info.get(key)
+        cm = record.section(key)
         model = CostModel.from_dict(cm, str(cm.get("source", key.replace("_", " ")))) if cm else None
         if model is not None and fit_problem(model) is None:
             return model

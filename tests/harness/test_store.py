@@ -141,6 +141,22 @@ def test_rows_of_the_layout_before_typed_fields_read_into_them(tmp_path):
     assert back.requests[1].margins is None and back.requests[1].extra == {}
 
 
+def test_info_sections_are_named_and_a_misspelt_one_is_refused(tmp_path):
+    """A run's info holds the decoder's settings and named sections (records.RunInfo): a section is
+    written and read by a name that must be one, so a misspelling fails instead of filing a setting."""
+    rec = make_record(info={"tuning": {"settings": {"gamma": 2}}})
+    rec.set_section("step_costs", {"c_aspire": 0.3})
+    assert rec.section("step_costs") == {"c_aspire": 0.3} and rec.section("rounds", []) == []
+    assert rec.settings == {"gamma": 3}  # what the decoder reported: the sections left out
+    with Store(tmp_path / "r.db") as s:  # stored as before: sections are top-level keys of info
+        back = s.get_run(s.save_run(rec))
+    assert back.info == {"gamma": 3, "tuning": {"settings": {"gamma": 2}}, "step_costs": {"c_aspire": 0.3}}
+    for misspelt in (lambda: rec.set_section("step_cost", {}), lambda: rec.section("round", []),
+                     lambda: make_record(info={"tunning": {}})):
+        with pytest.raises(ValueError, match="'(step_cost|round|tunning)' is not a section of a run's info"):
+            misspelt()
+
+
 def test_migration_from_empty_db_and_to_a_new_version(tmp_path, monkeypatch):
     path = tmp_path / "r.db"
     latest = len(store.MIGRATIONS)
