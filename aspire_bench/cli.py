@@ -500,24 +500,25 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
             bar.update(1)
         res = calibrate(engine, batch_size, context_len, repeats=repeats, progress=progress)
     path = save_calibration(res, engine, batch_size, out)
-    click.echo(f"step time = {res['beta0'] * 1e3:.3f} ms + {res['beta_tok'] * 1e6:.2f} us/token + "
-               f"{res['beta_attn'] * 1e9:.3f} ns/KV position read + "
-               f"{res['beta_qk'] * 1e9:.3f} ns/(query x KV position)"
-               + (f" beyond a row's first {res['qk_free']} tokens" if res["beta_qk"] and res["qk_free"] else "")
-               + ("" if res["beta_qk"] else " (query x KV term not significant)")
-               + (f" + {res['beta_multi'] * 1e9:.3f} ns/KV position read by a row of more than {res['qk_free']} "
-                  "tokens" if res.get("beta_multi") else "")
-               + (f" + {res['beta_sparse'] * 1e9:.3f} ns/KV position read scattered through a sparse view"
-                  if res["beta_sparse"] else " (sparse-view term not significant)")
-               + (f" + {res['beta_capture'] * 1e9:.3f} ns/KV position whose scores a row captured"
-                  if res.get("beta_capture") else " (capture term not significant)"))
-    from .decoders.scheduler import CostModel, fit_problem
-    problem = fit_problem(CostModel.from_dict(res, "calibration"))
+    fit = res.fit
+    click.echo(f"step time = {fit.beta0 * 1e3:.3f} ms + {fit.beta_tok * 1e6:.2f} us/token + "
+               f"{fit.beta_attn * 1e9:.3f} ns/KV position read + "
+               f"{fit.beta_qk * 1e9:.3f} ns/(query x KV position)"
+               + (f" beyond a row's first {fit.qk_free} tokens" if fit.beta_qk and fit.qk_free else "")
+               + ("" if fit.beta_qk else " (query x KV term not significant)")
+               + (f" + {fit.beta_multi * 1e9:.3f} ns/KV position read by a row of more than {fit.qk_free} "
+                  "tokens" if fit.beta_multi else "")
+               + (f" + {fit.beta_sparse * 1e9:.3f} ns/KV position read scattered through a sparse view"
+                  if fit.beta_sparse else " (sparse-view term not significant)")
+               + (f" + {fit.beta_capture * 1e9:.3f} ns/KV position whose scores a row captured"
+                  if fit.beta_capture else " (capture term not significant)"))
+    from .decoders.scheduler import fit_problem
+    problem = fit_problem(fit)
     if problem:
         click.echo(f"warning: this fit will be rejected by aspire ({problem}): calibrate on an idle machine",
                    err=True)
-    click.echo(f"R^2 {res['r2']:.3f}; held-out relative error median {res['heldout_rel_err_median']:.1%}, "
-               f"max {res['heldout_rel_err_max']:.1%} over {res['n_samples']} steps")
+    click.echo(f"R^2 {fit.r2:.3f}; held-out relative error median {res.heldout_rel_err_median:.1%}, "
+               f"max {res.heldout_rel_err_max:.1%} over {res.n_samples} steps")
     click.echo(f"saved {path}")
 
 

@@ -39,7 +39,7 @@ def refitted(store, without):
     def cost(record):
         info = dict(record.info)
         for key in ("adjacent_calibration", "interleaved_calibration"):
-            cal = info.get(key)
+            cal = record.section(key)
             if cal:
                 if not cal.get("samples"):
                     raise UserError(f"run {record.run_id} kept no calibration samples: --without needs a store "

@@ -59,30 +59,30 @@ FIXED_CALIBRATION = {"beta0": 2e-3, "beta_tok": 1e-4, "beta_attn": 3e-8, "beta_q
 @pytest.fixture(autouse=True)
 def _fixed_calibration(request, monkeypatch, tmp_path_factory):
     from aspire_bench.decoders import calibration
+    from aspire_bench.decoders.scheduler import CostModel, fit_cost_model
     if request.node.get_closest_marker("real_calibration"):
         # a directory of its own: a fixed calibration stored by another test is not a timing
         monkeypatch.setenv("ASPIRE_BENCH_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration")))
         return
 
     def fixed(engine, batch_size, context, **kw):
-        return {**FIXED_CALIBRATION, "source": "calibration", "r2_train": FIXED_CALIBRATION["r2"],
-                "heldout_rel_err_median": 0.0, "heldout_rel_err_max": 0.0, "batch_size": batch_size,
-                "context": context, "n_samples": 0, "samples": []}
+        fit = CostModel.from_dict(FIXED_CALIBRATION, "calibration")
+        return calibration.Calibration(fit, (), batch_size, context, r2_train=fit.r2, heldout_rel_err_median=0.0,
+                                       heldout_rel_err_max=0.0)
 
     def fixed_round(engine, batch_size, context, **kw):  # bench's rounds keep samples: a grid priced by it
-        from aspire_bench.decoders.scheduler import fit_cost_model
         samples = fixed_samples(batch_size, context)
-        return {**fit_cost_model(samples, source="calibration").to_dict(), "batch_size": batch_size,
-                "context": context, "n_samples": len(samples), "samples": samples}
+        return calibration.Calibration(fit_cost_model(samples, source="calibration"), tuple(samples), batch_size,
+                                       context)
     monkeypatch.setattr(calibration, "calibrate", fixed)
     from aspire_bench.harness import bench
     monkeypatch.setattr(bench, "calibrate", fixed_round, raising=False)
 
 
-def fixed_samples(batch: int, context: int) -> list[tuple]:
+def fixed_samples(batch: int, context: int) -> list:
     """A calibration grid (decode, draft, draft capturing, verify rows at two lengths) priced by
     FIXED_CALIBRATION, each step off by up to 2% so that the fit has residuals, as a timing would."""
-    from aspire_bench.decoders.scheduler import CostModel, qk_term
+    from aspire_bench.decoders.scheduler import CostModel, CostSample, qk_term
     model, samples = CostModel.from_dict(FIXED_CALIBRATION, "fixed"), []
     for length in (context // 4, context):
         sparse = max(512, length // 14)
@@ -91,8 +91,8 @@ def fixed_samples(batch: int, context: int) -> list[tuple]:
         for i, rows in enumerate(kinds):
             per_row = rows * batch
             wobble = 1 + 0.01 * ((i * 7 + length) % 5 - 2)
-            samples.append((sum(r[0] for r in per_row), sum(r[1] for r in per_row), qk_term(per_row),
-                            model.rows_time(per_row) * wobble, per_row))
+            samples.append(CostSample(sum(r[0] for r in per_row), sum(r[1] for r in per_row), qk_term(per_row),
+                                      model.rows_time(per_row) * wobble, per_row))
     return samples
 
 

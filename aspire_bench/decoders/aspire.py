@@ -208,8 +208,8 @@ class AspirePolicy(Policy):
     def observe(self, seq, drafted, accepted):
         s, st = self.settings, seq.state
         view = {"alpha": st.alpha, "c": st.c, "gamma": drafted} if s.policy == "adaptive" else {"gamma": drafted}
-        seq.extra.setdefault("schedule", []).append(view)
-        seq.extra.setdefault("draft_lengths", []).append(drafted)
+        seq.schedule.append(view)
+        seq.draft_lengths.append(drafted)
         st.alpha = update_alpha(st.alpha, accepted, drafted, s.omega, s.alpha0 if s.zero_draft == "relax" else None)
         st.verified = True
         if s.policy == "fsm":  # +1 when all drafts were accepted, -1 otherwise

@@ -87,6 +87,15 @@ class StepTrace:
 
 
 @dataclass
+class ParityMargins:
+    """Greedy AR's record per output position, the teacher-forced reference of exactness parity
+    (harness/parity.py): its top-1 minus top-2 logit, its top-2 token and its top-1 logit."""
+    margin: list[float] = field(default_factory=list)
+    runner_up: list[int] = field(default_factory=list)
+    top_logit: list[float] = field(default_factory=list)  # scales the near-tie threshold
+
+
+@dataclass
 class RequestResult:
     id: str
     output_ids: list[int]
@@ -98,7 +107,13 @@ class RequestResult:
     t_prefill_start: float = 0.0  # when this request's prefill started (after queueing)
     # Per verification: (drafted, accepted). Empty for AR.
     verifications: list[tuple[int, int]] = field(default_factory=list)
-    # Per-decoder extra information (e.g. aspire's draft-length trajectory), JSON-serialisable.
+    margins: ParityMargins | None = None  # greedy AR only
+    # Per verification, in the order of `verifications`, what the policy decided it with (replayed by
+    # the simulator): ASPIRE's {"alpha", "c", "gamma"} (adaptive) or {"gamma"}, a fixed-gamma policy's
+    # {"gamma"}. None where the policy records none (AR) or the request never verified.
+    schedule: list[dict] | None = None
+    draft_lengths: list[int] | None = None  # ASPIRE: the draft length of each verification
+    # A plug-in decoder's own per-request data, JSON-serialisable; nothing the project reads.
     extra: dict = field(default_factory=dict)
 
 

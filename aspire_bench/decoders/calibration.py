@@ -18,8 +18,8 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,6 +50,51 @@ WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
 # The grid's verify rows: these numbers of drafts (+ 1 tokens). Every count up to 4 because that is
 # where decoders verify most and where a CPU kernel changes method (a step in the cost, not a slope).
 DRAFTS = (1, 2, 3, 4, 8, 16)
+
+
+# A calibration's coefficients (scheduler.CostModel): the three every fit has, and the terms a CPU adds.
+REQUIRED_TERMS = ("beta0", "beta_tok", "beta_attn")
+OPTIONAL_TERMS = ("beta_qk", "beta_sparse", "beta_multi", "beta_capture")
+# What save_calibration adds to a calibration file: the engine it was timed on.
+ENGINE_KEYS = ("model", "device", "dtype", "backend", "page_size")
+# A calibration's own entries in its JSON beside the cost model's coefficients (written only when set).
+_OPTIONAL = ("r2_train", "heldout_rel_err_median", "heldout_rel_err_max", "rounds", "batch_size", "context")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted calibration (calibrate, pooled_calibration): the cost model fitted on all its timing
+    samples, and how well it fits. Stored as JSON (to_json/from_json) in a calibration file and in a
+    bench run's info (adjacent_calibration, interleaved_calibration)."""
+    fit: CostModel | None  # None only for a file of samples alone (fitted when used: cost_model_from)
+    samples: tuple[CostSample, ...] = ()
+    batch_size: int | None = None
+    context: int | None = None
+    r2_train: float | None = None  # calibrate(): R^2 of the fit on the samples not held out
+    heldout_rel_err_median: float | None = None  # calibrate(): the fit's relative error on the held-out steps
+    heldout_rel_err_max: float | None = None
+    rounds: int | None = None  # pooled_calibration() (and a bench run's adjacent round): rounds pooled
+    timed_on: dict = field(default_factory=dict)  # save_calibration(): the ENGINE_KEYS of the engine
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.samples)
+
+    def to_json(self) -> dict:
+        """The file's layout: the fit's coefficients at the top level, then the calibration's entries."""
+        own = {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
+        return {**(self.fit.to_dict() if self.fit is not None else {}), **own, "n_samples": self.n_samples,
+                "samples": list(self.samples), **self.timed_on}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Calibration:
+        """A calibration as stored (to_json, or a dict calibrate() returned before this type existed);
+        entries it does not know are ignored."""
+        fit = (CostModel.from_dict(data, str(data.get("source", "calibration")))
+               if all(k in data for k in REQUIRED_TERMS) else None)
+        own = {k: data.get(k) for k in _OPTIONAL}
+        return cls(fit, tuple(CostSample.of(s) for s in data.get("samples") or ()), **own,
+                   timed_on={k: data[k] for k in ENGINE_KEYS if k in data})
 
 
 def calibration_dir() -> Path:
@@ -142,8 +187,9 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, ratios=(0.07, 0.25, 1.0),
               repeats: int = 3, seed: int = 0, progress=None, warmup: bool = True,
-              window: tuple[int, int] | None = WINDOW) -> dict:
-    """Returns the fit (betas, R^2 on all samples, relative error on held-out samples) and samples.
+              window: tuple[int, int] | None = WINDOW) -> Calibration:
+    """The fit of all the samples, its R^2 on the samples not held out and relative error on the held-out
+    ones, and the samples.
 
     Each sample is a CostSample (scheduler.py): the step's seconds are those of its forward pass and
     its host work (see _time_step). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
@@ -262,48 +308,44 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     model = fit_cost_model(train, source="calibration")
     rel = [abs(model.rows_time(s.rows) - s.seconds) / s.seconds for s in held]
     full = fit_cost_model(samples, source="calibration")
-    return {**full.to_dict(), "r2_train": model.r2, "heldout_rel_err_median": sorted(rel)[len(rel) // 2],
-            "heldout_rel_err_max": max(rel), "batch_size": batch_size, "context": context,
-            "n_samples": len(samples), "samples": samples}
+    return Calibration(full, tuple(samples), batch_size, context, r2_train=model.r2,
+                       heldout_rel_err_median=sorted(rel)[len(rel) // 2], heldout_rel_err_max=max(rel))
 
 
-def pooled_calibration(rounds: list[dict], source: str = "calibration") -> dict:
+def pooled_calibration(rounds: list[Calibration], source: str = "calibration") -> Calibration:
     """One calibration from several rounds of the same grid (calibrate() results, same batch size,
     context, drafts and ratios) taken at different times: each grid point's time is its median over
     the rounds, refitted. Interleaved with measured runs (the bench does this), the pooled fit sees
     the machine in the same states as the runs did."""
     if not rounds:
         raise ValueError("no calibration rounds to pool")
-    n = len(rounds[0]["samples"])
-    of = [[CostSample.of(s) for s in r["samples"]] for r in rounds]
-    grid = [s[:3] for s in of[0]]
-    if any(len(r) != n or [s[:3] for s in r] != grid for r in of):
+    n = rounds[0].n_samples
+    grid = [s[:3] for s in rounds[0].samples]
+    if any(r.n_samples != n or [s[:3] for s in r.samples] != grid for r in rounds):
         raise ValueError("calibration rounds of different grids cannot be pooled")
-    samples = [first._replace(seconds=statistics.median(r[j].seconds for r in of)) for j, first in enumerate(of[0])]
-    model = fit_cost_model(samples, source=source)
-    return {**model.to_dict(), "rounds": len(rounds), "batch_size": rounds[0]["batch_size"],
-            "context": rounds[0]["context"], "n_samples": n, "samples": samples}
+    samples = tuple(first._replace(seconds=statistics.median(r.samples[j].seconds for r in rounds))
+                    for j, first in enumerate(rounds[0].samples))
+    return Calibration(fit_cost_model(list(samples), source=source), samples, rounds[0].batch_size,
+                       rounds[0].context, rounds=len(rounds))
 
 
-def save_calibration(result: dict, engine: Engine, batch_size: int, out: Path | None = None) -> Path:
+def save_calibration(result: Calibration, engine: Engine, batch_size: int, out: Path | None = None) -> Path:
     """Written atomically (a temporary file renamed), so a reader never sees half a calibration. By
     default where a run at the calibration's context looks for it."""
-    path = out or calibration_path(engine, batch_size, result["context"])
+    path = out or calibration_path(engine, batch_size, result.context)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps({**result, "model": engine.name, "device": engine.device.type,
-                                 "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
-                                 "page_size": engine.page_size}, indent=1))
+    timed_on = {"model": engine.name, "device": engine.device.type,
+                "dtype": str(engine.dtype).replace("torch.", ""), "backend": engine.backend.name,
+                "page_size": engine.page_size}
+    write_text(path, json.dumps(replace(result, timed_on=timed_on).to_json(), indent=1))
     return path
 
 
-REQUIRED_TERMS = ("beta0", "beta_tok", "beta_attn")
-OPTIONAL_TERMS = ("beta_qk", "beta_sparse", "beta_multi", "beta_capture")
-
-
-def read_calibration(path: str | Path, what: str = "calibration file") -> dict:
+def read_calibration(path: str | Path, what: str = "calibration file") -> Calibration:
     """A calibration file, checked as a gate baseline is: a JSON object whose coefficients are finite
-    numbers >= 0 (the three main ones present), qk_free an integer >= 0, R^2 a finite number or null, and
-    samples a list of timing samples of finite, non-negative numbers. ConfigError (one line) otherwise."""
+    numbers >= 0 (the three main ones present, or samples alone), qk_free an integer >= 0, R^2 a finite
+    number or null, and samples a list of timing samples of finite, non-negative numbers. ConfigError
+    (one line) otherwise."""
     path = Path(path)
     fix = "run `aspire-bench calibrate` again or pass calibration=auto"
     try:
@@ -315,7 +357,10 @@ def read_calibration(path: str | Path, what: str = "calibration file") -> dict:
     problem = calibration_problem(data)
     if problem:
         raise ConfigError(f"{what} {path} is not a calibration ({problem}): {fix}")
-    return data
+    try:
+        return Calibration.from_json(data)
+    except (ValueError, KeyError, TypeError) as e:  # e.g. a sample's rows that are not lists
+        raise ConfigError(f"{what} {path} is not a calibration ({e}): {fix}") from None
 
 
 def calibration_problem(data) -> str | None:
@@ -348,13 +393,12 @@ def calibration_problem(data) -> str | None:
     return None
 
 
-def cost_model_from(calibration: dict, source: str, terms: str = "auto") -> CostModel:
+def cost_model_from(calibration: Calibration, source: str, terms: str = "auto") -> CostModel:
     """The cost model of a stored calibration: refitted from its samples (terms: see
     fit_cost_model), or its coefficients as stored when it has no samples."""
-    samples = [CostSample.of(s) for s in calibration.get("samples") or []]
-    if samples:
-        return fit_cost_model(samples, source=source, terms=terms)
-    model = CostModel.from_dict(calibration, source)
+    if calibration.samples:
+        return fit_cost_model(list(calibration.samples), source=source, terms=terms)
+    model = replace(calibration.fit, source=source)
     return model if terms == "auto" else CostModel(model.beta0, model.beta_tok, model.beta_attn, 0.0, source, model.r2)
 
 

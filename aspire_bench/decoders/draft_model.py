@@ -194,7 +194,7 @@ class DraftModelPolicy(Policy):
             seq.state = min(seq.state, seq.context_len - 1)
         elif (slot := self.slots.get(seq)) is not None:
             self.draft.rollback(slot, min(slot.length, seq.context_len - 1))
-        seq.extra.setdefault("schedule", []).append({"gamma": drafted})
+        seq.schedule.append({"gamma": drafted})
 
     def info(self):
         used = {"draft_model_used": SHIPPED if bundled_name(self.checkpoint) == SHIPPED else str(self.checkpoint)}

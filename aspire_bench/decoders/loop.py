@@ -48,6 +48,7 @@ from .base import (
     PREFILL,
     VERIFY,
     GenerationOutput,
+    ParityMargins,
     Request,
     RequestResult,
     RowTrace,
@@ -336,14 +337,12 @@ class Decoder:
 
 
 def _result(seq: RequestState, t_start: float) -> RequestResult:
-    extra = dict(seq.extra)
-    if seq.margins:
-        extra["margins"] = seq.margins[:len(seq.out)]
-        extra["runner_up"] = seq.runner_up[:len(seq.out)]
-        extra["top_logit"] = seq.top_logit[:len(seq.out)]
+    n = len(seq.out)
+    margins = ParityMargins(seq.margins[:n], seq.runner_up[:n], seq.top_logit[:n]) if seq.margins else None
     return RequestResult(id=seq.req.id, output_ids=seq.out, finish_reason=seq.finish, token_times=seq.times,
                          t_arrival=t_start, t_prefill_start=seq.t_prefill_start,
-                         verifications=seq.verifications, extra=extra)
+                         verifications=seq.verifications, margins=margins, schedule=seq.schedule or None,
+                         draft_lengths=seq.draft_lengths or None, extra=dict(seq.extra))
 
 
 def _notify(seq: RequestState) -> None:

@@ -89,7 +89,7 @@ class NgramPolicy(Policy):
         return plans
 
     def observe(self, seq, drafted, accepted):
-        seq.extra.setdefault("schedule", []).append({"gamma": drafted})
+        seq.schedule.append({"gamma": drafted})
 
 
 class NgramDecoder(Decoder):

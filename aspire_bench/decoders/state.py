@@ -30,7 +30,9 @@ class RequestState:
     margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit
     runner_up: list[int] = field(default_factory=list)  # the top-2 token
     top_logit: list[float] = field(default_factory=list)  # the top-1 logit (scales the near-tie threshold)
-    extra: dict = field(default_factory=dict)  # telemetry copied into RequestResult.extra
+    schedule: list[dict] = field(default_factory=list)  # RequestResult.schedule: the policy's observe appends
+    draft_lengths: list[int] = field(default_factory=list)  # RequestResult.draft_lengths (ASPIRE)
+    extra: dict = field(default_factory=dict)  # a plug-in's own data, copied into RequestResult.extra
     _uniforms: list[float] = field(default_factory=list, repr=False)  # drawn from gen, not yet used
 
     def uniforms(self, n: int) -> list[float]:

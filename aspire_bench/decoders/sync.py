@@ -23,5 +23,5 @@ def lockstep(seqs: list[RequestState], gamma: int, cycle: int, view: Callable[[R
 
 
 def record_gamma(seq: RequestState, drafted: int) -> None:
-    """A fixed-gamma policy's view of a verification, for replay (RequestResult.extra["schedule"])."""
-    seq.extra.setdefault("schedule", []).append({"gamma": drafted})
+    """A fixed-gamma policy's view of a verification, for replay (RequestResult.schedule)."""
+    seq.schedule.append({"gamma": drafted})

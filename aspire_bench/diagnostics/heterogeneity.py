@@ -99,6 +99,6 @@ def diagnose_heterogeneity(cfg: HeterogeneityConfig, show_progress: bool = True)
     config = {"diagnostic": "heterogeneity", **asdict(cfg), "decoder_args": settings}
     record = records.from_output(config, out, prompt_lens, records.capture_environment())
     record.kind = "diagnostic"
-    record.info["heterogeneity"] = {"requests": per, "summary": summary}
+    record.set_section("heterogeneity", {"requests": per, "summary": summary})
     record.aggregates.update({f"accepted_len_{k}": v for k, v in summary.items()})
     return HeterogeneityResult(config, per, summary, record)

@@ -28,7 +28,7 @@ import torch
 
 from ..decoders import BUILTIN, check_for_model, get_decoder, trait
 from ..decoders.base import PAPER_SAMPLING, GenerationOutput
-from ..decoders.calibration import calibrate, pooled_calibration
+from ..decoders.calibration import Calibration, calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records
@@ -159,7 +159,7 @@ class BenchRow:
     @property
     def settings(self) -> dict:
         """The decoder settings actually used (tuned gamma included)."""
-        return {k: v for k, v in self.record.info.items() if k not in records.INFO_NOT_SETTINGS}
+        return self.record.settings
 
     @property
     def label(self) -> str:
@@ -214,7 +214,7 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
         a["achieved_bw_gbs"] = total / a["decode_wall_s"] / 1e9 if a.get("decode_wall_s") else None
         a["memory_bw_gbs"] = bandwidth / 1e9
         for key, agg in (("mem_gbs", "memory_bw_gbs"), ("fma_gflops", "fma_gflops")):
-            lo_hi = state_range(rec.info.get("rounds", []), key)
+            lo_hi = state_range(rec.section("rounds", []), key)
             a[f"{agg}_min"], a[f"{agg}_max"] = lo_hi or (None, None)
 
     base = RunConfig(model=model, task=task, max_new_tokens=max_new_tokens, seed=seed, repeat=repeat, dtype=dtype,
@@ -294,7 +294,7 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
     reqs = prepared[entries[0]].reqs
     parts = slices(len(reqs), cell.batch_size, cell.repeat, n_rounds)
     outputs = {e: [] for e in entries}
-    rounds: dict[tuple, dict] = {}  # (entry, repeat) -> the calibration round timed right after it
+    rounds: dict[tuple, Calibration] = {}  # (entry, repeat) -> the calibration round timed right after it
     machine: list[dict] = []  # one per round: the probe, the slice and the order the decoders ran in
     try:
         for i in range(cell.repeat):
@@ -332,8 +332,9 @@ def _cell(engine, cell: RunConfig, decoders, tune: bool, show_progress: bool, pe
         prepared[e].info["rounds"] = machine
         if rounds:
             after = rounds[e, traced_repeat(outputs[e])]  # calibrate() fitted its own samples already
-            prepared[e].info["adjacent_calibration"] = {**after, "source": "adjacent calibration", "rounds": 1}
-            prepared[e].info["interleaved_calibration"] = pooled
+            adjacent = replace(after, fit=replace(after.fit, source="adjacent calibration"), rounds=1)
+            prepared[e].info["adjacent_calibration"] = adjacent.to_json()
+            prepared[e].info["interleaved_calibration"] = pooled.to_json()
         greedy_ar = ar.requests if ar is not None and e[0] != "ar" and cell.temperature == 0 else None
         records_of[e] = finish(prepared[e], outputs[e], group=group, sweep=name, show_progress=show_progress,
                                percentiles=percentiles, ar=greedy_ar, parity_tolerance=tolerance).record
@@ -366,7 +367,7 @@ def _joined(pieces: list[GenerationOutput]) -> GenerationOutput:
                             t0 + sum(o.t_end - o.t_start for o in pieces), info=pieces[-1].info)
 
 
-def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
+def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> Calibration:
     """One timed round of ASPIRE's calibration grid (calibration.calibrate) at the cell's context: the
     same grid every round, so the rounds pool point by point; the seed changes the order its points
     are timed in (and which random pages a draft reads). At the cell's own context because a step's
@@ -379,7 +380,7 @@ def _calibration_round(engine, cell: RunConfig, seed: int = 0) -> dict:
 
 def _step_costs(engine, cell: RunConfig, rows: list[BenchRow]) -> dict | None:
     """c and v(d) at the cell's context and batch, for every draft length d some row verified."""
-    drafted = [v[0] for r in rows for v in r.record.info.get("verifications", [])]
+    drafted = [v[0] for r in rows for v in r.record.section("verifications", [])]
     # each decoder's default view (a row given settings gets no bound share, see derive_figures)
     names = {r.decoder for r in rows if trait(r.decoder, "draft_kind") and not r.given}
     kinds = {trait(d, "draft_kind") for d in names} & set(TIMED_DRAFTS)
@@ -424,7 +425,7 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
         # the cell's step costs are those of each decoder's default view: none for a row given settings
         kind = trait(r.decoder, "draft_kind")
         if spec and costs is not None and f"c_{kind}" in costs and not r.given:
-            allowed = metrics.allowed_speedup([tuple(v) for v in r.record.info.get("verifications", [])],
+            allowed = metrics.allowed_speedup([tuple(v) for v in r.record.section("verifications", [])],
                                               costs[f"c_{kind}"], costs["v_by_gamma"])
             f["allowed_speedup"] = allowed
             if allowed and f["speedup_vs_ar"] is not None:
@@ -437,16 +438,16 @@ def derive_figures(rows: list[BenchRow], costs: dict | None) -> None:
                 r.record.aggregates[k] = v
     if costs is not None:
         for r in rows:
-            r.record.info["step_costs"] = costs
+            r.record.set_section("step_costs", costs)
 
 
 def _samples(rec: records.RunRecord) -> dict:
-    return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.info.get("decode_samples", [])}
+    return {(rid, i): (tok, sec) for rid, i, tok, sec in rec.section("decode_samples", [])}
 
 
 def _blocks(rec: records.RunRecord) -> dict:
     """(request id, repeat) -> the round that measured it."""
-    return {(rid, m["repeat"]): m["round"] for m in rec.info.get("rounds", []) for rid in m["requests"]}
+    return {(rid, m["repeat"]): m["round"] for m in rec.section("rounds", []) for rid in m["requests"]}
 
 
 def _ci(num: dict, den: dict, blocks: dict | None = None) -> list[float] | None:
@@ -469,7 +470,7 @@ def _ms(a: dict, key: str) -> str:
 
 def machine_state(rows: list[BenchRow]) -> str:
     """`; rounds: memory 27.3-42.7 GB/s, FMA 106-114 GFLOP/s`: the range the rounds' probes saw."""
-    rounds = list({id(m): m for r in rows for m in r.record.info.get("rounds", [])}.values())
+    rounds = list({id(m): m for r in rows for m in r.record.section("rounds", [])}.values())
     mem, fma = state_range(rounds, "mem_gbs"), state_range(rounds, "fma_gflops")
     if mem is None or fma is None:
         return ""
@@ -482,7 +483,7 @@ def state_notes(store, rows: list[BenchRow]) -> list[str]:
     stored run of the same cell and decoder saw: the two runs' intervals need not overlap."""
     notes = []
     for r in rows:
-        now = state_range(r.record.info.get("rounds", []), "mem_gbs")
+        now = state_range(r.record.section("rounds", []), "mem_gbs")
         if now is None or r.decoder != "ar":
             continue
         for s in store.list_runs(config_hash=r.record.config_hash):

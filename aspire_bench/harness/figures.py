@@ -155,7 +155,7 @@ def speedup_ci(run: RunRecord, ar: RunRecord) -> tuple[float, float] | None:
     from aspire_bench.harness.metrics import ratio_ci
 
     def samples(r):
-        return {(rid, i): (tok, sec) for rid, i, tok, sec in r.info.get("decode_samples", [])}
+        return {(rid, i): (tok, sec) for rid, i, tok, sec in r.section("decode_samples", [])}
     num, den = samples(run), samples(ar)
     return ratio_ci(num, den) if num and den else None
 

@@ -12,9 +12,10 @@ margin (decoders/sampler.py), which is all the classification needs: no extra fo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..decoders.base import ParityMargins
 from ..errors import ConfigError
 
 IDENTICAL, NEAR_TIE, MISMATCH, LENGTH = "identical", "near-tie", "mismatch", "length"
@@ -73,9 +74,10 @@ def _at(values: Sequence | None, pos: int):
     return values[pos] if values is not None and pos < len(values) else None
 
 
-def compare(spec_ids: Sequence[int], ar_ids: Sequence[int], ar_extra: Mapping, tolerance: float) -> Parity:
-    """Classify one request. `ar_extra` is AR's `RequestResult.extra`: per output position its
-    `margins` (top-1 minus top-2 logit), `runner_up` (the top-2 token) and `top_logit`.
+def compare(spec_ids: Sequence[int], ar_ids: Sequence[int], ar: ParityMargins | None,
+            tolerance: float) -> Parity:
+    """Classify one request. `ar` is AR's record (`RequestResult.margins`): per output position its
+    `margin` (top-1 minus top-2 logit), `runner_up` (the top-2 token) and `top_logit`.
 
     Only the first divergence matters: after it the two continue from different prefixes. It is a
     near-tie only when the speculative token is AR's runner-up and AR's margin is under
@@ -88,9 +90,8 @@ def compare(spec_ids: Sequence[int], ar_ids: Sequence[int], ar_extra: Mapping, t
         # Equal over the common length: a length difference is a stopping-rule difference, not numerics.
         kind = IDENTICAL if len(spec_ids) == len(ar_ids) else LENGTH
         return Parity(kind, None if kind == IDENTICAL else common, None, common, length)
-    margin = _at(ar_extra.get("margins"), pos)
-    second = _at(ar_extra.get("runner_up"), pos)
-    top = _at(ar_extra.get("top_logit"), pos)
+    ar = ar or ParityMargins()
+    margin, second, top = _at(ar.margin, pos), _at(ar.runner_up, pos), _at(ar.top_logit, pos)
     threshold = tolerance * max(1.0, abs(top)) if top is not None else None
     runner_up = None if second is None else int(spec_ids[pos]) == int(second)
     tie = runner_up and margin is not None and threshold is not None and margin <= threshold
@@ -99,9 +100,9 @@ def compare(spec_ids: Sequence[int], ar_ids: Sequence[int], ar_extra: Mapping, t
 
 def compare_runs(spec: Iterable, ar: Iterable, tolerance: float) -> dict[str, Parity]:
     """{request id: Parity} for two runs of the same requests. Items are RequestResults or stored
-    RequestRows (anything with `id`, `output_ids` and `extra`); AR's are matched by id."""
+    RequestRows (anything with `id`, `output_ids` and `margins`); AR's are matched by id."""
     by_id = {a.id: a for a in ar}
-    return {s.id: compare(s.output_ids, by_id[s.id].output_ids, by_id[s.id].extra, tolerance) for s in spec}
+    return {s.id: compare(s.output_ids, by_id[s.id].output_ids, by_id[s.id].margins, tolerance) for s in spec}
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, TypedDict
 
 import aspire_bench
-from aspire_bench.decoders.base import GenerationOutput
+from aspire_bench.decoders.base import GenerationOutput, ParityMargins
 from aspire_bench.harness import metrics
 from aspire_bench.harness.parity import Parity, RunParity
 from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
@@ -25,9 +26,38 @@ from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
 # the same measurement filed elsewhere still matches.
 NON_IDENTITY_KEYS = frozenset({"store", "store_path", "out", "output_dir", "tag", "sweep", "group", "verbose"})
 
-# record.info keys that are measurements kept with the run, not decoder settings.
-INFO_NOT_SETTINGS = frozenset({"decode_samples", "rounds", "tuning", "verifications", "step_costs", "recall", "heterogeneity",
-                               "adjacent_calibration", "interleaved_calibration"})
+
+class RunInfo(TypedDict, total=False):
+    """The named sections of RunRecord.info: measurements kept with a run, not decoder settings (every
+    other key of info is what the decoder reported, GenerationOutput.info). Written through
+    RunRecord.set_section or from_output's `info`, read through RunRecord.section: a name not listed
+    here is refused, so a misspelt section fails where it is written or read."""
+    decode_samples: list  # from_output: [request id, repeat, tokens, decode seconds] per request per repeat
+    tuning: dict  # runner: the tuned row's grid results and the settings chosen (harness/tuning.py)
+    verifications: list  # bench: [drafted, accepted] of every verification of every repeat
+    rounds: list  # bench: per round its repeat, slice, requests, decoder order and machine probe
+    adjacent_calibration: dict  # bench: the calibration round after the traced repeat (Calibration.to_json)
+    interleaved_calibration: dict  # bench: all the cell's calibration rounds pooled (Calibration.to_json)
+    step_costs: dict  # bench: the cell's step costs, c per draft kind and v by draft length
+    recall: dict  # diagnose recall: its rows and requests
+    heterogeneity: dict  # diagnose heterogeneity: per request and summary
+
+
+INFO_SECTIONS = frozenset(RunInfo.__annotations__)
+
+
+def info_section(name: str) -> str:
+    """`name`, when it is a section of a run's info (RunInfo); ValueError otherwise."""
+    if name not in INFO_SECTIONS:
+        raise ValueError(f"{name!r} is not a section of a run's info (records.RunInfo): one of "
+                         f"{', '.join(sorted(INFO_SECTIONS))}")
+    return name
+
+
+def info_sections(info: Mapping) -> dict:
+    """`info` as a dict, every key checked to be a section (info_section)."""
+    return {info_section(k): v for k, v in info.items()}
+
 
 # Column order of one step row in StepRecord.rows.
 # What a stored run is: measured by running a decoder, predicted by `aspire-bench simulate`, or a
@@ -81,7 +111,30 @@ class RequestRow:
     verifications: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     figures: dict = field(default_factory=dict)  # metrics.request_figures
     parity: dict | None = None  # metrics.Parity fields, for speculative runs compared with AR
-    extra: dict = field(default_factory=dict)
+    # RequestResult's typed fields (decoders/base.py)
+    margins: ParityMargins | None = None
+    schedule: list[dict] | None = None
+    draft_lengths: list[int] | None = None
+    extra: dict = field(default_factory=dict)  # RequestResult.extra, and fields a newer writer added
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> RequestRow:
+        """A stored row (a JSONL record's, the store's). Fields a newer writer added are kept in `extra`,
+        unread; a row stored before the typed fields has them in `extra` (AR's `margins`, `runner_up`
+        and `top_logit`, `schedule`, `draft_lengths`): read into them."""
+        known, unknown = known_fields(cls, d)
+        row = cls(**{**known, "verifications": [tuple(v) for v in known.get("verifications", [])]})
+        if isinstance(row.extra, Mapping):  # else refused by record_problem
+            row.extra = old = {**unknown, **row.extra}
+            if row.margins is None and "margins" in old:
+                row.margins = ParityMargins(old.pop("margins"), old.pop("runner_up", []),
+                                            old.pop("top_logit", []))
+            for k in ("schedule", "draft_lengths"):
+                if getattr(row, k) is None and k in old:
+                    setattr(row, k, old.pop(k))
+        if isinstance(row.margins, Mapping):
+            row.margins = ParityMargins(**known_fields(ParityMargins, row.margins)[0])
+        return row
 
 
 @dataclass
@@ -105,7 +158,7 @@ class RunRecord:
     sweep: str | None = None
     tag: str | None = None
     group: str | None = None
-    info: dict = field(default_factory=dict)  # GenerationOutput.info: settings the decoder actually used
+    info: dict = field(default_factory=dict)  # GenerationOutput.info (settings the decoder used) and RunInfo
     requests: list[RequestRow] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     aggregates: dict = field(default_factory=dict)
@@ -114,18 +167,23 @@ class RunRecord:
     def to_json(self) -> dict:
         return asdict(self)
 
+    def section(self, name: str, default: Any = None) -> Any:
+        """A section of info (RunInfo), or `default` when the run has none."""
+        return self.info.get(info_section(name), default)
+
+    def set_section(self, name: str, value: Any) -> None:
+        self.info[info_section(name)] = value
+
+    @property
+    def settings(self) -> dict:
+        """info without its sections: what the decoder reported (the settings actually used)."""
+        return {k: v for k, v in self.info.items() if k not in INFO_SECTIONS}
+
     @classmethod
     def from_json(cls, d: Mapping) -> RunRecord:
         """The record of a JSON object; fields a newer writer added are kept in `info`/`extra`, unread."""
         d, unknown = known_fields(cls, d)
-        requests = []
-        for r in d.get("requests", []):
-            r, extra = known_fields(RequestRow, r)
-            row = RequestRow(**{**r, "verifications": [tuple(v) for v in r.get("verifications", [])]})
-            for k, v in extra.items():
-                row.extra.setdefault(k, v)
-            requests.append(row)
-        d["requests"] = requests
+        d["requests"] = [RequestRow.from_json(r) for r in d.get("requests", [])]
         d["steps"] = [StepRecord(**{**known_fields(StepRecord, s)[0], "rows": [tuple(x) for x in s["rows"]]})
                       for s in d.get("steps", [])]
         rec = cls(**d)
@@ -163,6 +221,10 @@ def record_problem(rec: RunRecord) -> str | None:
             return f"{where}: score and token_times must be numbers"
         if not isinstance(r.figures, dict) or not isinstance(r.extra, dict) or not isinstance(r.parity, (dict, type(None))):
             return f"{where}: figures, extra and parity must be mappings"
+        optional = type(None)
+        if not (isinstance(r.margins, (ParityMargins, optional)) and isinstance(r.schedule, (list, optional))
+                and isinstance(r.draft_lengths, (list, optional))):
+            return f"{where}: margins must be AR's record and schedule and draft_lengths lists, or null"
     for i, s in enumerate(rec.steps):
         if not (isinstance(s.index, int) and isinstance(s.n_tokens, int) and isinstance(s.t_start, (int, float))
                 and isinstance(s.t_end, (int, float)) and isinstance(s.rows, list)):
@@ -203,9 +265,9 @@ def from_output(
 
     output: the run (with repeats, the repeat that is stored); aggregates by metrics.aggregate.
     parity: parity.against_ar's comparison (per-request rows, the parity figures and the tolerance).
-    repeats: every measured repeat, for the repeat spread of decode_tok_s and info["decode_samples"].
-    info: kept with the decoder's own GenerationOutput.info (e.g. tuning results); backend: the attention
-    backend that ran, stored in env."""
+    repeats: every measured repeat, for the repeat spread of decode_tok_s and the decode_samples section.
+    info: sections (RunInfo: a name that is not one is refused) kept with the decoder's own
+    GenerationOutput.info; backend: the attention backend that ran, stored in env."""
     t0 = output.t_start
     found = parity.requests if parity is not None else {}
     requests = [
@@ -215,7 +277,8 @@ def from_output(
             t_arrival=r.t_arrival - t0, t_prefill_start=r.t_prefill_start - t0,
             token_times=[t - t0 for t in r.token_times], verifications=[tuple(v) for v in r.verifications],
             figures=metrics.request_figures(r),
-            parity=_parity_dict(found[r.id]) if r.id in found else None, extra=dict(r.extra),
+            parity=_parity_dict(found[r.id]) if r.id in found else None, margins=r.margins,
+            schedule=r.schedule, draft_lengths=r.draft_lengths, extra=dict(r.extra),
         )
         for r in output.results
     ]
@@ -234,9 +297,9 @@ def from_output(
         aggregates["repeats"] = len(repeats)
     if parity is not None:
         aggregates["parity_tolerance"] = parity.tolerance
-    run_info = {**output.info, **(info or {})}
+    run_info = {**output.info, **info_sections(info or {})}
     if repeats is not None:
-        run_info["decode_samples"] = decode_samples(repeats)
+        run_info[info_section("decode_samples")] = decode_samples(repeats)
     env = dict(env)
     if backend is not None:
         env["attention_backend"] = backend
@@ -362,8 +425,7 @@ def vllm_result(record: RunRecord, percentiles=metrics.DEFAULT_PERCENTILES) -> d
     a = record.aggregates
     out = {
         "date": record.created_at, "backend": "aspire-bench", "model_id": record.config.get("model"),
-        "decoder": record.config.get("decoder"), "settings": {k: v for k, v in record.info.items()
-                                                               if k not in INFO_NOT_SETTINGS},
+        "decoder": record.config.get("decoder"), "settings": record.settings,
         "num_prompts": a.get("n_requests"), "max_concurrency": record.config.get("batch_size"),
         "duration": a.get("total_wall_s"), "completed": a.get("n_requests"),
         "total_input_tokens": a.get("input_tokens"), "total_output_tokens": a.get("output_tokens"),

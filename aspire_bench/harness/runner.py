@@ -122,7 +122,7 @@ class Prepared:
     decoder_args: dict = field(default_factory=dict)  # cfg.decoder_args plus the tuned settings
     reference: GenerationOutput | None = None  # the oracle's AR output (greedy only)
     decoder: object = None  # built once from decoder_args; warm-up and every repeat run it
-    info: dict = field(default_factory=dict)  # tuning results, kept with the record
+    info: records.RunInfo = field(default_factory=dict)  # sections kept with the record (tuning, bench's)
 
 
 def prepare(cfg: RunConfig, engine: Engine | None = None, show_progress: bool = True) -> Prepared:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
@@ -22,7 +23,6 @@ from aspire_bench.harness.records import (
     RequestRow,
     RunRecord,
     StepRecord,
-    known_fields,
     record_hash,
     record_problem,
 )
@@ -369,7 +369,7 @@ def _config_name(config: dict, key: str) -> str | None:
 def _request_row(run_id: int, idx: int, r: RequestRow) -> tuple:
     parity = r.parity or {}
     # The columns are copies for querying; `data` alone rebuilds the row.
-    data = {k: v for k, v in r.__dict__.items() if k not in ("id", "prompt_len", "finish_reason", "score")}
+    data = {k: v for k, v in asdict(r).items() if k not in ("id", "prompt_len", "finish_reason", "score")}
     return (run_id, idx, r.id, r.prompt_len, len(r.output_ids), r.finish_reason, r.score,
             r.figures.get("ttft_s"), r.figures.get("tpot_s"), r.figures.get("mean_accepted_len"),
             parity.get("kind"), parity.get("first_divergence"), parity.get("margin"), _dumps(data))
@@ -377,12 +377,9 @@ def _request_row(run_id: int, idx: int, r: RequestRow) -> tuple:
 
 def _request_from_db(request_id: str, prompt_len: int, finish_reason: str, score: float | None,
                      data: dict) -> RequestRow:
-    data["verifications"] = [tuple(v) for v in data.get("verifications", [])]
-    known, unknown = known_fields(RequestRow, data)
-    row = RequestRow(id=request_id, prompt_len=prompt_len, finish_reason=finish_reason, score=score, **known)
-    for k, v in unknown.items():  # a newer writer's field: kept, not interpreted
-        row.extra.setdefault(k, v)
-    return row
+    # a newer writer's fields kept in extra, not interpreted; an older layout read (RequestRow.from_json)
+    return RequestRow.from_json({**data, "id": request_id, "prompt_len": prompt_len,
+                                 "finish_reason": finish_reason, "score": score})
 
 
 def _step_list(s: StepRecord) -> list:

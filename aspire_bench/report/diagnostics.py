@@ -27,7 +27,7 @@ def _heading(run: RunRecord) -> str:
 
 
 def _recall_section(run: RunRecord) -> str:
-    rows = run.info.get("recall", {}).get("rows", [])
+    rows = run.section("recall", {}).get("rows", [])
     means = plots.mean_recall_rows(rows)
     budgets = list(means)
     preds = list(dict.fromkeys(r["predictor"] for r in rows))
@@ -42,7 +42,7 @@ def _recall_section(run: RunRecord) -> str:
 
 
 def _heterogeneity_section(run: RunRecord) -> str:
-    het = run.info.get("heterogeneity", {})
+    het = run.section("heterogeneity", {})
     reqs, summary, d = het.get("requests", []), het.get("summary", {}), run.config.get("draft_len") or 0
     slug = f"d{run.run_id}"
     divs = [x for x in (plots.accepted_mean_histogram(reqs, d, f"hist-{slug}"),

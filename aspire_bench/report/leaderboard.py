@@ -215,7 +215,7 @@ def bound_sentence(row: Row, board: Board, simulated: dict[int, RunRecord]) -> s
     parts = [f"{speedup:.2f}× AR"]
     if rate is not None and acc is not None:
         parts.append(f"{rate:.0%} of drafts accepted, {acc:.2f} tokens per verification")
-    c = (row.run.info.get("step_costs") or {}).get(f"c_{_draft_kind(row.decoder)}")
+    c = (row.run.section("step_costs") or {}).get(f"c_{_draft_kind(row.decoder)}")
     if c is not None:
         parts.append(f"a draft step costs {c:.2f} of an AR step")
     allowed, share = a.get("allowed_speedup"), a.get("bound_share")

@@ -139,9 +139,9 @@ def draft_trajectories(board: Board, div_id: str) -> str | None:
     """Draft length chosen at each verification, for a few requests of each decoder that records it."""
     fig = go.Figure()
     for row in board.rows:
-        shown = [r for r in row.run.requests if r.extra.get("draft_lengths")][:TRAJECTORY_REQUESTS]
+        shown = [r for r in row.run.requests if r.draft_lengths][:TRAJECTORY_REQUESTS]
         for r in shown:
-            lengths = r.extra["draft_lengths"]
+            lengths = r.draft_lengths
             fig.add_trace(go.Scatter(x=list(range(len(lengths))), y=lengths, mode="lines+markers", line_shape="hv",
                                      name=f"{row_name(row)} · {r.id}", meta=row.decoder))
     if not fig.data:

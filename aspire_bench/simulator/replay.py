@@ -96,6 +96,7 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
     results = []
     for req in requests:
         seq = done[req.id]
-        extra = {k: v for k, v in seq.extra.items() if not k.startswith("_")}
-        results.append(RequestResult(req.id, seq.out, "length", seq.times, 0.0, 0.0, seq.verifications, extra))
+        results.append(RequestResult(req.id, seq.out, "length", seq.times, 0.0, 0.0, seq.verifications,
+                                     schedule=seq.schedule or None, draft_lengths=seq.draft_lengths or None,
+                                     extra=dict(seq.extra)))
     return GenerationOutput(results, steps, 0.0, t, info=dict(info or {}))

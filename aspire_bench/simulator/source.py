@@ -33,7 +33,7 @@ def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
     all the cell's rounds pooled; else the cost model of the group's ASPIRE run (its own first),
     when it came from a calibration with all its terms."""
     for key in ("adjacent_calibration", "interleaved_calibration"):
-        cm = record.info.get(key)
+        cm = record.section(key)
         model = CostModel.from_dict(cm, str(cm.get("source", key.replace("_", " ")))) if cm else None
         if model is not None and fit_problem(model) is None:
             return model
@@ -51,9 +51,9 @@ def stored_calibration(store, record: records.RunRecord) -> CostModel | None:
 def calibration_file(path: str) -> CostModel:
     from ..decoders.calibration import cost_model_from, read_calibration
     p = Path(path)
-    data = read_calibration(p, "--calibration")
+    calibration = read_calibration(p, "--calibration")
     try:
-        return cost_model_from(data, f"calibration:{p.name}")
+        return cost_model_from(calibration, f"calibration:{p.name}")
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"--calibration {path} is not a calibration ({e}): run `aspire-bench calibrate --out "
                         f"{path}`") from None

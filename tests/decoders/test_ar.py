@@ -24,7 +24,7 @@ def test_ar_greedy_equals_transformers_generate_with_refills(checkpoints):
                           do_sample=False)[0, len(p):].tolist()
         assert r.output_ids == ref
         assert r.finish_reason == "length" and len(r.token_times) == len(r.output_ids)
-        assert len(r.extra["margins"]) == len(r.output_ids) and min(r.extra["margins"]) >= 0
+        assert len(r.margins.margin) == len(r.output_ids) and min(r.margins.margin) >= 0
     # never more than 3 requests in one decode step
     assert max(len(s.rows) for s in out.steps) == 3
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_oracle_scheduler_is_exact_and_never_verifies_early(random_engine, ar_re
 def test_aspire_mixes_draft_and_verify_rows_in_one_step(random_engine):
     out = get_decoder("aspire", **SPARSE["aspire"]).generate(random_engine, make_requests(), SamplingParams(), 4)
     assert any({r.kind for r in s.rows} == {DRAFT, VERIFY} for s in out.steps)
-    assert all("draft_lengths" in r.extra for r in out.results)
+    assert all(r.draft_lengths for r in out.results)
 
 
 def test_sparse_views_never_read_beyond_the_prefix(random_engine):
@@ -281,10 +282,10 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
     # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window), then
     # 2 lengths x 2 draft lengths of drafts only through 25% pages that capture no scores
-    assert res["n_samples"] == 2 * 3 * 2 * 3 + 2 * 2 and len(res["samples"]) == res["n_samples"]
+    assert res.n_samples == 2 * 3 * 2 * 3 + 2 * 2 and res.to_json()["n_samples"] == res.n_samples
     # a step of drafts only is the same at both draft lengths, one of verifications only under every view:
     # timed once, its sample in each grid point it stands for
-    grid = res["samples"]
+    grid = res.samples
     for length in range(2):
         at = grid[length * 18:(length + 1) * 18]  # n_verify 0, 1, 2; draft lengths 1, 4; three views
         assert at[0:3] == at[3:6] and at[0] != at[1] != at[2]
@@ -292,8 +293,8 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view, scores
     # captured)
     assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
-               for s in res["samples"])
-    rows = [r for s in res["samples"] for r in s[4]]
+               for s in res.samples)
+    rows = [r for s in res.samples for r in s[4]]
     assert all(0 <= sparse < kv for _, kv, sparse, _ in rows)
     assert {sparse > 0 for n, _, sparse, _ in rows if n == 1} == {True, False}  # 25% pages, and no view
     assert all(sparse == 0 for n, _, sparse, _ in rows if n > 1)  # verify rows read the prefix in full
@@ -309,9 +310,9 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
         assert all(r[3] == 0 for r in uncaptured) and all(r[3] > 0 for r in captured)
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.
-    exact = [(n, kv, qk, 1e-3 + 1e-5 * n + 1e-8 * kv + 4e-9 * sum(r[2] for r in rows)
-              + 2e-8 * sum(r[3] for r in rows), rows) for n, kv, qk, _, rows in res["samples"]]
-    path = save_calibration({**res, "samples": exact}, random_engine, 2, tmp_path / "fit.json")
+    exact = tuple(s._replace(seconds=1e-3 + 1e-5 * s.tokens + 1e-8 * s.kv_read + 4e-9 * sum(r[2] for r in s.rows)
+                             + 2e-8 * sum(r[3] for r in s.rows)) for s in res.samples)
+    path = save_calibration(replace(res, samples=exact), random_engine, 2, tmp_path / "fit.json")
     dec = get_decoder("aspire", calibration=str(path), **SPARSE["aspire"])
     out = dec.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] == "calibration:fit.json"
@@ -335,13 +336,13 @@ def test_calibration_times_window_drafts(random_engine):
     from aspire_bench.decoders.calibration import calibrate
     kw = {"batch_size": 2, "context": 1024, "drafts": (1,), "ratios": (1.0,), "repeats": 1, "warmup": False}
     res = calibrate(random_engine, window=(4, 100), **kw)
-    rows = [r for s in res["samples"] for r in s[4]]
+    rows = [r for s in res.samples for r in s[4]]
     window = [r for r in rows if r[0] == 1 and r[1] < 256]
     # at both lengths (256, 1024): 100 positions of the prefix and the row's own token; of them the 4
     # sinks are scattered, and of the window (one run of 96) its head; no scores captured
     from aspire_bench.engine import SCATTERED_HEAD
     assert window and all((kv, sparse, cap) == (101, 4 + SCATTERED_HEAD, 0) for _, kv, sparse, cap in window)
-    assert len(calibrate(random_engine, window=None, **kw)["samples"]) * 2 == len(res["samples"])
+    assert calibrate(random_engine, window=None, **kw).n_samples * 2 == res.n_samples
 
 
 @pytest.mark.real_calibration
@@ -413,18 +414,18 @@ def test_calibration_rounds_pool_point_by_point(random_engine):
     from aspire_bench.decoders.calibration import calibrate, pooled_calibration
     kw = {"batch_size": 2, "context": 256, "drafts": (1, 4), "ratios": (0.25, 1.0), "repeats": 1, "warmup": False}
     rounds = [calibrate(random_engine, **kw) for _ in range(3)]
-    assert all([s[:3] for s in r["samples"]] == [s[:3] for s in rounds[0]["samples"]] for r in rounds)  # one grid
+    assert all([s[:3] for s in r.samples] == [s[:3] for s in rounds[0].samples] for r in rounds)  # one grid
     # times as if the machine ran at three speeds: each point's pooled time is the middle one
-    scaled = [{**r, "samples": [(*s[:3], s[3] * f, s[4]) for s in r["samples"]]}
+    scaled = [replace(r, samples=tuple(s._replace(seconds=s.seconds * f) for s in r.samples))
               for r, f in zip(rounds, (1.0, 1.3, 0.8))]
     pooled = pooled_calibration(scaled)
-    assert pooled["rounds"] == 3 and len(pooled["samples"]) == len(rounds[0]["samples"])
-    for j, s in enumerate(pooled["samples"]):
-        assert s[3] == sorted(x["samples"][j][3] for x in scaled)[1]
+    assert pooled.rounds == 3 and pooled.n_samples == rounds[0].n_samples
+    for j, s in enumerate(pooled.samples):
+        assert s.seconds == sorted(x.samples[j].seconds for x in scaled)[1]
     with pytest.raises(ValueError, match="different grids"):
         pooled_calibration([rounds[0], calibrate(random_engine, **{**kw, "drafts": (1,)})])
     with pytest.raises(ValueError, match="different grids"):  # as many points, another context
         pooled_calibration([rounds[0], calibrate(random_engine, **{**kw, "context": 512})])
     # a context shorter than a page (a bench cell may have one) still calibrates
     short = calibrate(random_engine, **{**kw, "context": 8})
-    assert short["samples"] and all(s[1] > 0 for s in short["samples"])
+    assert short.samples and all(s.kv_read > 0 for s in short.samples)

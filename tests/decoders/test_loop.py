@@ -46,19 +46,19 @@ def test_a_decoder_runs_twice_with_the_same_result(engine, name, params):
 def test_schedule_has_one_entry_per_verification_and_replays_alpha(engine, name):
     out = get_decoder(name, **SPARSE[name]).generate(engine, requests(), SamplingParams(), 2)
     for r in out.results:
-        sched = r.extra["schedule"]
+        sched = r.schedule
         assert len(sched) == len(r.verifications) > 0
         assert [s["gamma"] for s in sched] == [d for d, _ in r.verifications]
         if name != "aspire":
             assert all(set(s) == {"gamma"} for s in sched)
             continue
-        assert [s["gamma"] for s in sched] == r.extra["draft_lengths"]
+        assert [s["gamma"] for s in sched] == r.draft_lengths
         alpha = AspireSettings().alpha0
         for s, (d, a) in zip(sched, r.verifications):  # alpha before each update, replayed from (d, a)
             assert s["alpha"] == pytest.approx(alpha) and s["c"] > 0
             alpha = update_alpha(alpha, a, d, 0.8, 0.9)
     ar = get_decoder("ar").generate(engine, requests(), SamplingParams(), 2)
-    assert all("schedule" not in r.extra for r in ar.results)
+    assert all(r.schedule is None and r.draft_lengths is None and r.margins for r in ar.results)
 
 
 def test_sequence_state_is_the_policys_and_drafts_clear_after_verification(engine):
@@ -84,9 +84,9 @@ def test_should_verify_is_pure_and_needs_no_engine():
     seq = RequestState(0, Request("x", [1] * 3000, 100), None, None, out=[1], state=policy.new_state())
     seq.state.verified, seq.state.alpha = True, 0.95
     seq.pending.extend([4] * 3)
-    before = copy.deepcopy((seq.pending, seq.state, seq.extra))
+    before = copy.deepcopy((seq.pending, seq.state, seq.schedule, seq.extra))
     answers = {policy.should_verify(seq, 8) for _ in range(3)}
-    assert len(answers) == 1 and copy.deepcopy((seq.pending, seq.state, seq.extra)) == before
+    assert len(answers) == 1 and copy.deepcopy((seq.pending, seq.state, seq.schedule, seq.extra)) == before
     # a longer context makes verification dearer relative to a draft: never verify sooner there
     assert policy.should_verify(seq, 8, context_len=200) >= policy.should_verify(seq, 8, context_len=60000)
     seq.state.alpha = 0.0  # nothing is accepted: verify at once

@@ -2,12 +2,15 @@
 reference, and a decoder whose logits are nudged at one position being caught as a mismatch."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from click.testing import CliRunner
 
 from aspire_bench.cli import main
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
+from aspire_bench.decoders.base import ParityMargins
 from aspire_bench.decoders.sampler import Sampler
 from aspire_bench.engine import Engine, Row, load_model
 from aspire_bench.errors import ConfigError
@@ -22,7 +25,7 @@ from aspire_bench.harness.parity import (
 from aspire_bench.harness.sweep import expand
 
 # AR's record for outputs [1, 2, 3, 4]: at position 2 the runner-up is 9 with margin 0.004, top-1 logit 20.
-AR = {"margins": [5.0, 3.0, 0.004, 2.0], "runner_up": [7, 7, 9, 7], "top_logit": [20.0, 20.0, 20.0, 20.0]}
+AR = ParityMargins([5.0, 3.0, 0.004, 2.0], [7, 7, 9, 7], [20.0, 20.0, 20.0, 20.0])
 
 
 def test_identical_and_length():
@@ -38,7 +41,7 @@ def test_near_tie_needs_the_runner_up_and_a_margin_under_the_scaled_threshold():
     assert (tie.kind, tie.first_divergence, tie.margin, tie.runner_up) == ("near-tie", 2, 0.004, True)
     assert tie.threshold == pytest.approx(0.02) and not tie.identical
     # The same margin against a smaller logit scale: threshold 1e-3 x 2 = 0.002 < 0.004.
-    assert compare([1, 2, 9, 4], [1, 2, 3, 4], {**AR, "top_logit": [2.0] * 4}, 1e-3).kind == "mismatch"
+    assert compare([1, 2, 9, 4], [1, 2, 3, 4], replace(AR, top_logit=[2.0] * 4), 1e-3).kind == "mismatch"
     # A token that is not AR's runner-up is a mismatch however small the margin.
     third = compare([1, 2, 8, 4], [1, 2, 3, 4], AR, 1e-3)
     assert (third.kind, third.runner_up) == ("mismatch", False)
@@ -47,19 +50,19 @@ def test_near_tie_needs_the_runner_up_and_a_margin_under_the_scaled_threshold():
     # The runner-up at a clear margin (2.0 > 0.02) is a mismatch.
     assert compare([1, 2, 3, 7], [1, 2, 3, 4], AR, 1e-3).kind == "mismatch"
     # An exact tie is benign even at tolerance 0.
-    assert compare([1, 2, 9], [1, 2, 3], {**AR, "margins": [5.0, 3.0, 0.0]}, 0.0).kind == "near-tie"
+    assert compare([1, 2, 9], [1, 2, 3], replace(AR, margin=[5.0, 3.0, 0.0]), 0.0).kind == "near-tie"
     # Scale floor: |top-1| under 1 counts as 1.
-    assert compare([1, 2, 9], [1, 2, 3], {**AR, "top_logit": [0.1] * 3}, 1e-3).threshold == pytest.approx(1e-3)
+    assert compare([1, 2, 9], [1, 2, 3], replace(AR, top_logit=[0.1] * 3), 1e-3).threshold == pytest.approx(1e-3)
 
 
-@pytest.mark.parametrize("missing", ["margins", "runner_up", "top_logit"])
+@pytest.mark.parametrize("missing", ["margin", "runner_up", "top_logit"])
 def test_an_unknown_record_cannot_excuse_a_divergence(missing):
-    record = {k: v for k, v in AR.items() if k != missing}
-    assert compare([1, 2, 9, 4], [1, 2, 3, 4], record, 1.0).kind == "mismatch"
+    assert compare([1, 2, 9, 4], [1, 2, 3, 4], replace(AR, **{missing: []}), 1.0).kind == "mismatch"
+    assert compare([1, 2, 9, 4], [1, 2, 3, 4], None, 1.0).kind == "mismatch"
 
 
 def test_summary_counts():
-    items = [compare([1, 2, 3], [1, 2, 3], {}, 1e-3),            # 3 of 3
+    items = [compare([1, 2, 3], [1, 2, 3], None, 1e-3),            # 3 of 3
              compare([1, 2, 9, 4], [1, 2, 3, 4], AR, 1e-3),      # 2 of 4, near-tie
              compare([1, 2, 8, 4], [1, 2, 3, 4], AR, 1e-3),      # 2 of 4, mismatch
              compare([1, 2, 3], [1, 2, 3, 4], AR, 1e-3)]         # 3 of 4, length
@@ -102,7 +105,7 @@ def test_ar_record_is_the_teacher_forced_reference(engine, ar_run):
     """AR's record at position j equals one forward over prompt + output[:j]: since the two outputs agree
     up to the first divergence, AR's record there is teacher-forced on the speculative prefix."""
     r, req = ar_run.results[1], requests()[1]
-    assert len(r.extra["runner_up"]) == len(r.extra["top_logit"]) == len(r.output_ids)
+    assert len(r.margins.margin) == len(r.margins.runner_up) == len(r.margins.top_logit) == len(r.output_ids)
     engine.reserve(1024)
     for j in (0, 5, len(r.output_ids) - 1):
         slot = engine.alloc(512)
@@ -110,9 +113,9 @@ def test_ar_record_is_the_teacher_forced_reference(engine, ar_run):
         logits = engine.forward([Row(slot, ids, 0)]).logits[0][-1]
         engine.free(slot)
         (v1, v2), (i1, i2) = (t.tolist() for t in torch.topk(logits, 2))
-        assert (i1, i2) == (r.output_ids[j], r.extra["runner_up"][j])
-        assert v1 == pytest.approx(r.extra["top_logit"][j], abs=1e-4)
-        assert v1 - v2 == pytest.approx(r.extra["margins"][j], abs=1e-4)
+        assert (i1, i2) == (r.output_ids[j], r.margins.runner_up[j])
+        assert v1 == pytest.approx(r.margins.top_logit[j], abs=1e-4)
+        assert v1 - v2 == pytest.approx(r.margins.margin[j], abs=1e-4)
 
 
 def nudge(monkeypatch, index: int, position: int, by: float = 1e-3) -> dict:
@@ -139,8 +142,8 @@ def test_a_slightly_nudged_decoder_is_caught(engine, ar_run, monkeypatch):
     """The smallest margin above the fp32 threshold among AR's positions: flipping it moves two logits
     by less than that margin + 1e-3, and parity calls it a mismatch (not a near-tie)."""
     tol = default_tolerance(engine.dtype)
-    i, pos, margin = min(((i, j, m) for i, r in enumerate(ar_run.results) for j, m in enumerate(r.extra["margins"])
-                            if j > 0 and m > tol * max(1.0, abs(r.extra["top_logit"][j]))), key=lambda x: x[2])
+    i, pos, margin = min(((i, j, m) for i, r in enumerate(ar_run.results) for j, m in enumerate(r.margins.margin)
+                            if j > 0 and m > tol * max(1.0, abs(r.margins.top_logit[j]))), key=lambda x: x[2])
     rid = ar_run.results[i].id
     seen = nudge(monkeypatch, i, pos)
     out = get_decoder("magicdec", budget=48, sinks=4).generate(engine, requests(), SamplingParams(), 3)

@@ -14,7 +14,14 @@ import torch
 from aspire_bench.decoders import Request, SamplingParams, get_decoder
 from aspire_bench.decoders.aspire import AspirePolicy, AspireSettings
 from aspire_bench.decoders.base import RowTrace, StepTrace
-from aspire_bench.decoders.calibration import calibration_context, calibration_path
+from aspire_bench.decoders.calibration import (
+    Calibration,
+    calibration_context,
+    calibration_path,
+    cost_model_from,
+    read_calibration,
+    save_calibration,
+)
 from aspire_bench.decoders.scheduler import (
     MIN_R2,
     CostModel,
@@ -297,6 +304,36 @@ def test_poor_calibration_is_rejected_with_a_warning(engine, tmp_path):
     garbage.write_text("[1, 2")
     with pytest.raises(ConfigError, match="not a calibration"):
         get_decoder("aspire", calibration=str(garbage)).generate(engine, requests(n=1), SamplingParams(), 1)
+
+
+def test_a_calibration_round_trips_its_file(engine, tmp_path):
+    """save_calibration writes what read_calibration gives back, in the layout calibrate()'s dict had
+    (coefficients at the top level): files of that layout, and hand-written ones of coefficients alone
+    or of samples alone, keep loading."""
+    from conftest import fixed_samples
+    samples = fixed_samples(2, 1024)
+    cal = Calibration(fit_cost_model(samples, source="calibration"), tuple(samples), 2, 1024, r2_train=0.97,
+                      heldout_rel_err_median=0.01, heldout_rel_err_max=0.04)
+    path = save_calibration(cal, engine, 2, tmp_path / "cal.json")
+    back = read_calibration(path)
+    assert back == replace(cal, timed_on=back.timed_on)
+    assert json.loads(json.dumps(back.to_json())) == json.loads(path.read_text())
+    assert back.timed_on == {"model": engine.name, "device": "cpu", "dtype": "float32",
+                           "backend": engine.backend.name, "page_size": engine.page_size}
+    stored = json.loads(path.read_text())
+    assert stored["beta_attn"] == cal.fit.beta_attn and stored["n_samples"] == len(samples)
+    assert stored["context"] == 1024 and "rounds" not in stored  # unset entries are not written
+    # the cost model a run replays: refitted from the samples, under the source it is given
+    assert cost_model_from(back, "calibration:cal.json") == replace(cal.fit, source="calibration:cal.json")
+    only_terms = tmp_path / "terms.json"
+    only_terms.write_text(json.dumps({"beta0": 1e-3, "beta_tok": 1e-4, "beta_attn": 1e-8, "r2": 0.99}))
+    terms = read_calibration(only_terms)
+    assert terms.samples == () and terms.context is None
+    assert cost_model_from(terms, "x") == CostModel(1e-3, 1e-4, 1e-8, source="x", r2=0.99)
+    only_samples = tmp_path / "samples.json"
+    only_samples.write_text(json.dumps({"samples": stored["samples"]}))
+    assert read_calibration(only_samples).fit is None
+    assert cost_model_from(read_calibration(only_samples), "calibration") == cal.fit
 
 
 @pytest.mark.parametrize("name", ["ar", "magicdec", "vegas", "aspire", "aspire-fsm"])

@@ -9,6 +9,7 @@ from aspire_bench.decoders.base import (
     PREFILL,
     VERIFY,
     GenerationOutput,
+    ParityMargins,
     RequestResult,
     RowTrace,
     StepTrace,
@@ -172,8 +173,8 @@ def test_distinct_n():
 def test_aggregate_spec_run():
     out = spec_output()
     scores = {"A": 1.0, "B": 0.0}
-    near_tie_at_6 = {"margins": [1.0] * 6 + [0.002], "runner_up": [0] * 6 + [9], "top_logit": [10.0] * 7}
-    par = {"A": compare([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], {}, 1e-3),
+    near_tie_at_6 = ParityMargins([1.0] * 6 + [0.002], [0] * 6 + [9], [10.0] * 7)
+    par = {"A": compare([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], None, 1e-3),
            "B": compare([9] * 7, [9] * 6 + [8], near_tie_at_6, 1e-3)}
     agg = aggregate(out, scores=scores, parity=par, prompt_lens={"A": 100, "B": 6}, percentiles=(50, 90, 99.9))
     assert agg["n_requests"] == 2 and agg["output_tokens"] == 15 and agg["generated_tokens"] == 13
@@ -217,7 +218,7 @@ def test_aggregate_ar_run_counts_one_token_per_step():
 
 def test_every_aggregate_name_is_documented():
     documented = set(re.findall(r"`([a-z0-9_{}]+)`", DOCS.read_text()))
-    names = set(aggregate(spec_output(), scores={"A": 1.0}, parity={"A": compare([1], [1], {}, 1e-3)}))
+    names = set(aggregate(spec_output(), scores={"A": 1.0}, parity={"A": compare([1], [1], None, 1e-3)}))
     missing = {n for n in names if n not in documented and re.sub(r"\d+$", "{k}", n) not in documented}
     assert not missing, f"not in docs/metrics.md: {sorted(missing)}"
 

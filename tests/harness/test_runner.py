@@ -31,8 +31,8 @@ def test_run_api_stores_a_complete_record(random_tiny, tmp_path):
     assert all(r.prompt_len == 1024 for r in rec.requests)
     assert all(r.score is not None for r in rec.requests)
     # the scheduler's view of each verification reaches the store (replayable runs)
-    assert all(r.extra["schedule"] and all(set(v) == {"alpha", "c", "gamma"} for v in r.extra["schedule"])
-               and [v["gamma"] for v in r.extra["schedule"]] == r.extra["draft_lengths"] for r in rec.requests)
+    assert all(r.schedule and all(set(v) == {"alpha", "c", "gamma"} for v in r.schedule)
+               and [v["gamma"] for v in r.schedule] == r.draft_lengths and r.extra == {} for r in rec.requests)
 
 
 def test_cli_run_prints_summary_and_stores(random_tiny, tmp_path):
@@ -346,9 +346,9 @@ def test_bench_keeps_the_calibration_round_after_each_runs_traced_repeat(random_
         samples = [(n, kv, 0.0, 1e-3 + 1e-5 * n + k * 1e-8 * kv, [(n, kv, 0)])
                    for n in (1, 4, 16) for kv in (1e3, 1e4, 1e5)]
         # what calibrate() returns: the fit of its samples, and the samples
-        from aspire_bench.decoders.scheduler import fit_cost_model
-        return {**fit_cost_model(samples, source="calibration").to_dict(), "samples": samples, "context": 1024,
-                "batch_size": 2}
+        from aspire_bench.decoders.calibration import Calibration
+        from aspire_bench.decoders.scheduler import CostSample, fit_cost_model
+        return Calibration(fit_cost_model(samples, source="calibration"), tuple(map(CostSample.of, samples)), 2, 1024)
 
     monkeypatch.setattr(B, "_calibration_round", fake_round)
     rows, _ = B.bench(str(random_tiny), "needle", ["1k"], [2], ["ar", "magicdec"], repeat=2, max_new_tokens=4,

@@ -11,7 +11,15 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from aspire_bench.decoders.base import PREFILL, VERIFY, GenerationOutput, RequestResult, RowTrace, StepTrace
+from aspire_bench.decoders.base import (
+    PREFILL,
+    VERIFY,
+    GenerationOutput,
+    ParityMargins,
+    RequestResult,
+    RowTrace,
+    StepTrace,
+)
 from aspire_bench.errors import UserError
 from aspire_bench.harness import records, store
 from aspire_bench.harness.parity import RunParity, compare
@@ -30,16 +38,17 @@ def make_record(i: int = 0, decoder: str = "aspire", **kw) -> RunRecord:
                                                 RowTrace("r1", VERIFY, 4, 4, 3, 3, 8)])]
     results = [
         RequestResult("r0", [5, 6, 7, 8], "length", [t0 + 1.0, t0 + 1.5, t0 + 1.5, t0 + 1.5], t0, t0,
-                      [(3, 2)], {"margins": [1.0, 2.0, 0.5, 3.0]}),
+                      [(3, 2)], ParityMargins([1.0, 2.0, 0.5, 3.0], [0, 0, 0, 0], [5.0] * 4),
+                      schedule=[{"alpha": 0.9, "c": 0.2, "gamma": 3}], draft_lengths=[3], extra={"plug_in": 1}),
         RequestResult("r1", [1, 2, 3, 4, 5], "eos", [t0 + 1.0] + [t0 + 1.5] * 4, t0, t0, [(3, 3)]),
     ]
     out = GenerationOutput(results, steps, t0, t0 + 2.0, info={"gamma": 3})
     config = {"decoder": {"name": decoder, "gamma": 3}, "model": "tiny", "task": "synthetic", "seed": i}
     return from_output(config, out, {"r0": 8, "r1": 8}, ENV, texts={"r0": "a b", "r1": "c"},
                        scores={"r0": 1.0, "r1": None},
-                       parity=RunParity({"r0": compare([5, 6, 7, 8], [5, 6, 9, 8], {"margins": [1.0, 2.0, 0.004, 3.0],
-                                                       "runner_up": [0, 0, 7, 0], "top_logit": [5.0] * 4}, 1e-3),
-                                         "r1": compare([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], {}, 1e-3)}, 1e-3),
+                       parity=RunParity({"r0": compare([5, 6, 7, 8], [5, 6, 9, 8], ParityMargins(
+                                                           [1.0, 2.0, 0.004, 3.0], [0, 0, 7, 0], [5.0] * 4), 1e-3),
+                                         "r1": compare([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], None, 1e-3)}, 1e-3),
                        **kw)
 
 
@@ -91,6 +100,61 @@ def test_jsonl_round_trip():
     assert records.write_jsonl(recs, buf) == 2
     back = records.read_jsonl(io.StringIO(buf.getvalue()))
     assert [r.to_json() for r in back] == [r.to_json() for r in recs]
+
+
+def legacy_layout(row: dict) -> dict:
+    """A request row as written before its typed fields: AR's parity record, the schedule and the draft
+    lengths in `extra`, under the keys they had there."""
+    row = dict(row)
+    margins, extra = row.pop("margins"), dict(row.pop("extra"))
+    if margins:
+        extra.update(margins=margins["margin"], runner_up=margins["runner_up"], top_logit=margins["top_logit"])
+    for k in ("schedule", "draft_lengths"):
+        if (v := row.pop(k)) is not None:
+            extra[k] = v
+    return {**row, "extra": extra}
+
+
+def test_rows_of_the_layout_before_typed_fields_read_into_them(tmp_path):
+    """Stores and JSONL files written when a request's parity record, schedule and draft lengths lived in
+    its `extra` read them into the typed fields: nothing is lost, and extra keeps only the rest."""
+    rec = make_record()
+    r0 = rec.requests[0]
+    assert r0.margins.margin == [1.0, 2.0, 0.5, 3.0] and r0.draft_lengths == [3] and r0.extra == {"plug_in": 1}
+    old = rec.to_json()
+    old["requests"] = [legacy_layout(r) for r in old["requests"]]
+    assert old["requests"][0]["extra"]["runner_up"] == [0, 0, 0, 0] and old["requests"][1]["extra"] == {}
+    back = RunRecord.from_json(json.loads(json.dumps(old)))
+    assert back.to_json() == rec.to_json()
+    with Store(tmp_path / "r.db") as s:
+        run_id = s.save_run(rec)
+    with sqlite3.connect(tmp_path / "r.db") as c:
+        stored = dict(c.execute("SELECT idx, data FROM requests WHERE run_id = ?", (run_id,)).fetchall())
+        new = json.loads(stored[0])  # written in the typed layout
+        assert new["margins"]["runner_up"] == [0, 0, 0, 0] and new["schedule"] and new["extra"] == {"plug_in": 1}
+        for idx, data in stored.items():
+            c.execute("UPDATE requests SET data = ? WHERE run_id = ? AND idx = ?",
+                      (json.dumps(legacy_layout(json.loads(data))), run_id, idx))
+    with Store(tmp_path / "r.db", readonly=True) as s:
+        back = s.get_run(run_id)
+    assert without_id(back) == without_id(rec)
+    assert back.requests[1].margins is None and back.requests[1].extra == {}
+
+
+def test_info_sections_are_named_and_a_misspelt_one_is_refused(tmp_path):
+    """A run's info holds the decoder's settings and named sections (records.RunInfo): a section is
+    written and read by a name that must be one, so a misspelling fails instead of filing a setting."""
+    rec = make_record(info={"tuning": {"settings": {"gamma": 2}}})
+    rec.set_section("step_costs", {"c_aspire": 0.3})
+    assert rec.section("step_costs") == {"c_aspire": 0.3} and rec.section("rounds", []) == []
+    assert rec.settings == {"gamma": 3}  # what the decoder reported: the sections left out
+    with Store(tmp_path / "r.db") as s:  # stored as before: sections are top-level keys of info
+        back = s.get_run(s.save_run(rec))
+    assert back.info == {"gamma": 3, "tuning": {"settings": {"gamma": 2}}, "step_costs": {"c_aspire": 0.3}}
+    for misspelt in (lambda: rec.set_section("step_cost", {}), lambda: rec.section("round", []),
+                     lambda: make_record(info={"tunning": {}})):
+        with pytest.raises(ValueError, match="'(step_cost|round|tunning)' is not a section of a run's info"):
+            misspelt()
 
 
 def test_migration_from_empty_db_and_to_a_new_version(tmp_path, monkeypatch):

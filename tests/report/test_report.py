@@ -23,6 +23,7 @@ from aspire_bench.decoders.base import (
     PREFILL,
     VERIFY,
     GenerationOutput,
+    ParityMargins,
     RequestResult,
     RowTrace,
     StepTrace,
@@ -58,15 +59,15 @@ def make_run(decoder: str, decode_wall: float, *, group: str = "g1", context: st
     for k, rid in enumerate(REQUESTS):
         ids = [10 + k] * 2 + list(range(20, 20 + N_OUT - 2))
         times = [t0 + 1.0] + [t0 + 1.0 + decode_wall * (j + 1) / (N_OUT - 1) for j in range(N_OUT - 1)]
-        extra = {"draft_lengths": [d for d, _ in SPEC_VERIFS[rid]]} if draft_lengths else {}
-        results.append(RequestResult(rid, ids, "length", times, t0, t0, SPEC_VERIFS[rid] if spec else [], extra))
+        lengths = [d for d, _ in SPEC_VERIFS[rid]] if draft_lengths else None
+        results.append(RequestResult(rid, ids, "length", times, t0, t0, SPEC_VERIFS[rid] if spec else [],
+                                     draft_lengths=lengths))
         if spec:
             ar_ids = list(ids)
             if broken and k == 0:  # diverge at position 3, with the given AR margin
                 ar_ids[3] += 1
             # AR's runner-up is the speculative token; threshold 1e-3 x 5.0: 0.004 is a near-tie, 2.5 not
-            ar_record = {"margins": [0.004 if broken == "near-tie" else 2.5] * N_OUT, "runner_up": ids,
-                         "top_logit": [5.0] * N_OUT}
+            ar_record = ParityMargins([0.004 if broken == "near-tie" else 2.5] * N_OUT, ids, [5.0] * N_OUT)
             par[rid] = compare(ids, ar_ids, ar_record, 1e-3)
     out = GenerationOutput(results, [prefill, decode], t0, t0 + 1.0 + decode_wall,
                            info={"gamma": 4} if spec else {})

@@ -156,7 +156,7 @@ def test_replay_of_a_real_trace_on_a_fake_clock_is_exact(random_tiny, decoder, a
     assert decoder == "ar" or any(replayed)
     assert [r.verifications for r in record.requests] == [r.verifications for r in out.results]
     # what each scheduler saw at each verification (ASPIRE: alpha, c, gamma; fixed-gamma: gamma)
-    assert [r.extra.get("schedule") for r in record.requests] == [r.extra.get("schedule") for r in out.results]
+    assert [r.schedule for r in record.requests] == [r.schedule for r in out.results]
     priced = retimed(record, cost, [[w.kv_sparse for w in s.rows] for s in out.steps])
     assert metrics.decode_tok_s(out) == pytest.approx(metrics.decode_tok_s(as_output(priced)), rel=1e-12)
     assert assumptions["acceptance"] == "replay"
