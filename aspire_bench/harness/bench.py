@@ -459,7 +459,7 @@ def _ms(a: dict, key: str) -> str:
 
 
 def machine_state(rows: list[BenchRow]) -> str:
-    """`; rounds: memory 27.3-42.7 GB/s, FMA 106-114 GFLOP/s`: the range the rounds' probes saw."""
+    """`; rounds: memory LOW-HIGH GB/s, FMA LOW-HIGH GFLOP/s`: the range the rounds' probes saw."""
     rounds = list({id(m): m for r in rows for m in r.record.info.get("rounds", [])}.values())
     mem, fma = state_range(rounds, "mem_gbs"), state_range(rounds, "fma_gflops")
     if mem is None or fma is None:
