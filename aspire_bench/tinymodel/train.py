@@ -34,7 +34,7 @@ class TrainSettings:
     max_steps: int = 560
     long_fraction: float = 0.2  # last part of the steps, on long single-package sequences
     short_len: int = 1024
-    long_lens: tuple[int, ...] = (2048, 4096, 2048, 4096, 8192)  # cycled; the longer, the dearer a step
+    long_lens: tuple[int, ...] = (2048, 4096, 2048, 4096, 8192)  # cycled; 8k, the dearest step, once a cycle
     tokens_per_step: int = 2048  # batch = tokens_per_step // seq_len (at least 1)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
