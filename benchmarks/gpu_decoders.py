@@ -1,6 +1,6 @@
 """Decoders side by side on one CUDA GPU with the Triton backend: about 6 minutes on one H100 or H200
-at the default sizes (an estimate, derived in benchmarks/README.md), and new cells start only within
-`--budget-s`, so a slow machine stays under 10 minutes too.
+at the default sizes, under 10 even if every draft is rejected (an estimate, derived in
+benchmarks/README.md); no new cell starts after `--budget-s`.
 
     python -m benchmarks.gpu_decoders --out gpu_decoders      # writes gpu_decoders/*.json and a store
     python -m benchmarks.gpu_decoders --out o --dry-run       # the same code on the CPU at 1k (tests)
