@@ -54,8 +54,8 @@ def list_files(split: str = "train", root: Path | None = None) -> list[SourceFil
 
 
 # `--corpus python` adds the Python source of these installed packages (the project's own dependencies,
-# so present wherever aspire-bench is; generated code such as plotly's validators left out): ~50x the
-# stdlib's text, so a longer run does not just repeat it.
+# so present wherever aspire-bench is; generated code such as plotly's validators left out): many times
+# the stdlib's text, so a longer run does not just repeat it.
 SITE_PACKAGES = ("torch", "transformers", "pandas", "numpy", "sympy", "datasets", "huggingface_hub", "lm_eval",
                  "click", "rich", "jinja2", "pydantic", "hypothesis", "_pytest", "aiohttp", "networkx")
 _VENDORED = {"_vendor", "vendor", "vendored", "_vendored", "_bundled", "third_party"}

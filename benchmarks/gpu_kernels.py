@@ -1,6 +1,6 @@
-"""GPU check and micro-benchmark of the Triton kernels, within 10 minutes on one GPU at the default
-sizes: sweep and tuning cells start only within the 540 s `--budget-s`, counted from the start
-(the correctness checks come first: a minute or two, most of it compiling the kernels).
+"""GPU check and micro-benchmark of the Triton kernels: about 2 minutes on one H100 or H200 at the
+default sizes (an estimate, derived in benchmarks/README.md); no sweep or tuning cell starts after
+`--budget-s` from the start (the correctness checks come first, most of their time compiling).
 
     python -m benchmarks.gpu_kernels --out gpu_kernels.json            # Qwen3-8B attention shape, bf16
     python -m benchmarks.gpu_kernels --cpu-smoke --out /tmp/smoke.json # the same code on the CPU (tests)

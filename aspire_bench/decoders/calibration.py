@@ -191,14 +191,12 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     """The fit of all the samples, its R^2 on the samples not held out and relative error on the held-out
     ones, and the samples.
 
-    Each sample is a CostSample (scheduler.py): the step's seconds are those of its forward pass and
-    its host work (see _time_step). Draft rows read pages scattered as a real draft's are, at the page `ratios`, so
-    that the fit can tell a scattered position's cost from a contiguous one's, and (unless `window`
-    is None) through a (sinks, positions) sink + window view, the smallest step any decoder runs.
-    Steps are timed at two lengths (context / 4 and context): at one length a verify row's query x KV
-    work grows exactly with its tokens, and the fit could not tell beta_qk from beta_tok. Page drafts
-    and verify rows are timed capturing the refresh layer's scores and not, so that the fit can tell
-    what the capture costs (beta_capture).
+    Each sample is a CostSample (scheduler.py): a step's forward pass and host work (_time_step). Draft
+    rows read pages scattered as a real draft's are, at the page `ratios` (a scattered position costs
+    more than a contiguous one), and (unless `window` is None) a (sinks, positions) sink + window view.
+    Steps are timed at context / 4 and context (at one length beta_qk and beta_tok are inseparable),
+    page drafts and verify rows with and without the refresh layer's score capture (beta_capture).
+    The grid and why: docs/decoders.md, "Where the cost model comes from".
     """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work

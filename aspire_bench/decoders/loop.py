@@ -1,33 +1,12 @@
 """The generation loop every decoder runs, and the policy contract that makes each method small.
 
-The loop owns everything that must be the same for all methods so that their comparisons are fair:
-admission (continuous batching, equal slots), chunked prefill, sampling and acceptance (the run's
-Sampler, sampler.py), commit rules (EOS, stop strings, max_new_tokens), KV rollback, slot release
-and the step traces (each row's KV read as the engine reports it). A method is a `Policy`:
-
-  policy.plan(seqs, batch) -> list[Plan]
-      the rows of this step: which active sequences draft (with what view), verify or decode.
-      Requests left out sit the step out (a synchronous policy drafts only those still short
-      of gamma). Synchronous (all draft, then all verify) versus per-request scheduling is the
-      policy's own choice, made here.
-  policy.observe(seq, drafted, accepted)
-      after each verification of `seq` (its tokens are already committed and its KV rolled back).
-
-and optional hooks with no-op defaults: `new_state()` (seq.state at admission), `admitted(seq)` (after
-its prompt's prefill; returns the tokens of the policy's own prefill, e.g. a draft model's), `prefill_capture()`,
-`scores(seq, scores)` (captured attention scores of a row after it was applied), `step_done(trace)`
-and `info()` (run facts for GenerationOutput.info). A policy object lives for one run and holds that
-run's state (cost model, cycle counters; `params`, the run's sampling settings); per-request state lives in `RequestState.state`, so a policy
-can be driven without an engine: the simulator calls plan/observe/scores/step_done on plain requests
-and prices each planned row by `reads(plan)` (built by `for_simulation`). A drafter that needs no
-forward (an n-gram lookup) puts its drafts on the request in `plan` (RequestState.propose) and plans
-a VERIFY row; one with a model of its own (a draft model) names it (`own_model`) and, driven without
-an engine, says what its forwards read (`own_forwards`).
-
-A `Decoder` is settings (a frozen dataclass, `Settings`) plus the policy class and the traits the
-harness reads (class attributes); it keeps no state between runs, so one decoder object can generate
-any number of times.
-"""
+The loop owns what must be the same for every method so that their comparisons are fair: admission,
+chunked prefill, sampling and acceptance (the run's Sampler), commit rules, KV rollback, slot release
+and the step traces. A method is a `Policy`: `plan(seqs, batch)` gives a step's rows, `observe` follows
+each verification, optional hooks default to no-ops. A policy holds one run's state and a request's
+lives in `RequestState.state`, so the simulator can drive a policy without an engine. A `Decoder` is
+frozen settings, a policy class and traits, with no state between runs. The contract in full:
+docs/adding-a-decoder.md; the loop's rules: docs/decoders.md."""
 from __future__ import annotations
 
 import time
@@ -71,7 +50,7 @@ class Plan:
 
 
 class Policy:
-    """Defaults for the optional hooks; see the module docstring for the contract."""
+    """Defaults for the optional hooks; the contract: docs/adding-a-decoder.md."""
 
     params: SamplingParams | None = None  # set by the loop for a run
 

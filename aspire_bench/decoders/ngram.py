@@ -1,13 +1,11 @@
 """Prompt lookup (n-gram) speculation, as vLLM's `ngram` method and Hugging Face's prompt lookup.
 
-Each step, every request looks up the longest suffix of its tokens (prompt + output, n from
-`prompt_lookup_max` down to `prompt_lookup_min`) earlier in those tokens, and proposes the up to
-gamma tokens that followed its earliest occurrence (vLLM's choice). No draft forward: every request
-verifies its proposal in the step's mixed forward; one without a match verifies no drafts, which is
-an AR step (1 token, full attention) recorded as a (0, 0) verification. The draft is a
-point mass, so the loop's rejection sampling accepts x with min(1, p(x)) and resamples a rejection
-from p without x: sampling stays lossless (docs/decoders.md#ngram). The simulator replays a stored
-run's proposal lengths (`Policy.recorded`): the draft is host work, no forward to price.
+Each step every request proposes the up to gamma tokens that followed the earliest earlier occurrence
+of its longest suffix (n from `prompt_lookup_max` down to `prompt_lookup_min`; vLLM's choice) and
+verifies them in the step's mixed forward: no draft forward, and a request without a match verifies
+no drafts (an AR step, recorded as a (0, 0) verification). The point-mass draft keeps sampling
+lossless. A simulation replays a stored run's proposal lengths (`Policy.recorded`): the lookup is
+host work, with no forward to price. Details: docs/decoders.md, "Prompt lookup (`ngram`)".
 """
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ def accept_sampling(target_logits: torch.Tensor, drafts: list[int], qs: list[tor
     uniforms to use (one per draft tested, one for the token after), else drawn from gen."""
     p = logits_to_probs(target_logits, params) if p is None else p
     host = p.device.type == "cpu"
-    pv = p.numpy() if host else p  # single values read through numpy: a torch index costs ~3 us each
+    pv = p.numpy() if host else p  # single values read through numpy: a torch index dispatches an op each
     if us is None:  # every uniform the verification can use, in one call (see RequestState.uniforms)
         us = torch.rand(len(drafts) + 1, generator=gen, device=p.device).tolist()
     for j, (x, q) in enumerate(zip(drafts, qs)):

@@ -129,10 +129,9 @@ class CostModel:
     + beta_multi * KV positions read by rows of more than qk_free tokens
     + beta_capture * KV positions whose attention scores rows captured.
 
-    The paper's model has the first three terms. The others price what a CPU adds: verify queries
-    beyond those that ride free on a row's KV read, the head of every scattered run, the step to
-    another kernel method past qk_free queries, and the refresh layer's score capture (each term's
-    reason: docs/decoders.md, "Cost model"). Prices steps (rows_time) and draft lengths (cycle_prices).
+    The paper's model has the first three terms; the others price what a CPU adds: verify queries past
+    those that ride free on a row's KV read, the head of each scattered run, the kernel's change of
+    method past qk_free queries, the refresh layer's score capture (why: docs/decoders.md, "Cost model").
     """
 
     beta0: float
@@ -246,13 +245,12 @@ def fit_cost_model(samples: list, source: str = "fit", terms: str = "auto", with
     """Non-negative least squares on CostSamples (or tuples as stored, CostSample.of); samples without
     rows fit qk_free = 0 and no sparse term. A term that would fit below zero is held at 0.
 
-    terms="paper": the paper's three terms. terms="auto": also the query x KV term (for each
-    candidate qk_free when the samples have rows), with or without the multi-query term at the same
-    qk_free (rows only, qk_free >= 1), the sparse term and the capture term, each kept only when significant
-    (t >= EXTRA_MIN_T and positive); of the fits whose extra terms all are, the one that explains
-    the most (R^2), where a fit with the multi-query step must explain significantly more than the
-    best without it (F >= EXTRA_MIN_T^2). `without`: extra terms (EXTRA_TERMS) left out of every
-    candidate fit (what a term buys, on the same samples). `fit_problem` says whether the fit may be used.
+    terms="paper": the paper's three terms. terms="auto": also the query x KV term (at each candidate
+    qk_free when the samples have rows), the multi-query term at the same qk_free (rows only, qk_free >= 1),
+    the sparse and the capture term, each kept only when significant (t >= EXTRA_MIN_T and positive); of
+    those fits the one with the highest R^2, one with the multi-query step only if it explains
+    significantly more (F >= EXTRA_MIN_T^2). `without`: extra terms (EXTRA_TERMS) left out of every
+    candidate fit. `fit_problem` says whether the fit may be used. Why: docs/decoders.md, "Cost model".
     """
     if terms not in ("auto", "paper"):
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")

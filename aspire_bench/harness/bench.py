@@ -1,21 +1,12 @@
 """`aspire-bench bench`: decoders side by side on the same requests, in one process.
 
-Per (context, batch size, sampling) cell: one group; every decoder runs the same requests (at least
-MIN_REQUESTS) with a warm-up and R measured repeats, repeat i with sampling seed seed + i, each
-request generating exactly max_new_tokens (EOS ignored, as throughput benchmarks do, so every decoder
-does the same work under sampling too). Each repeat runs in rounds, one per slice of the requests (at
-least a batch each; MIN_ROUNDS rounds in all where the requests allow): a round probes the machine's
-memory read bandwidth and FMA throughput, then runs every decoder on its slice in an order rotated
-round by round, so the machine's drift falls on every decoder alike. Tunable baselines get a second,
-tuned row (tuning.py). Ratios carry bootstrap intervals, the wider of one over requests x repeats and
-one over rounds (blocks in time); the cell's step costs give each speculative row its bound share
-(docs/metrics.md). After every run's repeat a round of ASPIRE's calibration grid is timed; each run
-keeps, for the simulator, the fit of the round timed right after its traced repeat and the fit of
-all the cell's rounds pooled.
-The engine's prefix cache prefills each prompt once for all decoders (decode throughput excludes
-prefill anyway; TTFT is therefore not meaningful here).
-Greedy runs get parity against the cell's AR run; every run gets the bytes it read per generated
-token and the bandwidth that achieved, against this machine's read bandwidth measured in the run.
+Per (context, batch size, sampling) cell, one group: every decoder runs the same requests, each
+generating exactly max_new_tokens (so every decoder does the same work), in a warm-up and R repeats.
+A repeat runs in rounds that probe the machine and rotate the decoders' order, so that its drift falls
+on every decoder alike; ratios carry bootstrap intervals over requests x repeats and over rounds.
+Tuned baselines, step costs (bound share), calibration rounds, parity against AR and the bytes read
+per token come with them. The prefix cache prefills each prompt once for all decoders (TTFT is not
+meaningful here). How and why: docs/performance.md, "How bench measures"; docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -469,7 +460,7 @@ def _ms(a: dict, key: str) -> str:
 
 
 def machine_state(rows: list[BenchRow]) -> str:
-    """`; rounds: memory 27.3-42.7 GB/s, FMA 106-114 GFLOP/s`: the range the rounds' probes saw."""
+    """`; rounds: memory LOW-HIGH GB/s, FMA LOW-HIGH GFLOP/s`: the range the rounds' probes saw."""
     rounds = list({id(m): m for r in rows for m in r.record.section("rounds", [])}.values())
     mem, fma = state_range(rounds, "mem_gbs"), state_range(rounds, "fma_gflops")
     if mem is None or fma is None:

@@ -1,13 +1,11 @@
 """Exactness parity: a greedy speculative output against the AR output of the same request.
 
 The one parity function of the suite: run, bench, sweep (through run) and the lm-eval model all call
-`against_ar`, and records.from_output stores what it returns.
-Definitions and the choice of default tolerances: docs/metrics.md#exactness-parity.
-
-Why AR's own record is the teacher-forced reference: up to the first divergence j the two outputs are
-equal, so AR's logits at j were computed on exactly the speculative output's prefix (prompt + the j
-shared tokens). AR records, per position, its top-1 logit, its runner-up token and the top-1/top-2
-margin (decoders/sampler.py), which is all the classification needs: no extra forward pass.
+`against_ar`, and records.from_output stores what it returns. AR's own record is the teacher-forced
+reference: up to the first divergence j the outputs are equal, so AR's logits at j were computed on the
+speculative output's prefix, and AR records per position all the classification needs (top-1 logit,
+runner-up, margin: decoders/sampler.py): no extra forward pass. Definitions and the choice of default
+tolerances: docs/metrics.md#exactness-parity.
 """
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """Per-step costs of each kind of decoder row, measured on the real engine: c and v(gamma).
 
-A speculative decoder's throughput over AR is bounded by its step costs relative to an AR step:
-
-    speedup = E[tokens per cycle] / (gamma * c + v(gamma))
-
+A speculative decoder's speedup over AR is bounded by E[tokens per cycle] / (gamma * c + v(gamma)),
 with c = draft step / AR step and v(gamma) = verify step of gamma + 1 tokens / AR step (v(0) = 1: a
-1-token verify is an AR step). `measure_cell` times one forward over B rows of each kind at context C:
-
-  weights  1 token at position 0: no KV read, the per-step floor (weights + overhead)
-  ar       1 token, full attention over C positions
-  aspire   1 token, ASPIRE's draft: 7% of pages (min 32, 8 most recent) at every layer but the
-           refresh layer (num_layers - 2), which attends fully and returns page scores
-  window   1 token, MagicDec's StreamingLLM draft view at its default sinks and budget
-  vegas    1 token, a token view of Vegas's default budget (its ratio of C, at least its min_tokens),
-           only when asked
-  verify   G + 1 tokens, full attention, logits for all of them (also timed at 1..G-1 drafts for v)
-  host     no row: a decoder whose drafts need no forward (its `host_drafts` trait; c = 0)
-  own      a one-token AR step of another engine: a decoder that drafts with a model of its own
-           (its `draft_engine`), at the same context and batch on that engine's pool
-
-KV values do not change the work of a step, so the pool is filled with random values instead of
-paying a C-token prefill per row. benchmarks/step_costs.py is the command-line front end. A decoder's
+1-token verify is an AR step). `measure_cell` times one forward over B rows of each kind at context C
+(weights, ar, aspire, window, vegas, verify; host drafts cost 0; own: a draft model's AR step) on random
+KV: values do not change a step's work, and a prefill would cost C tokens per row. A decoder's
 `draft_kind` trait names the kind its draft rows resemble (c_<kind>); a kind not timed here has no c.
+The kinds: docs/metrics.md, "The bound"; benchmarks/step_costs.py is the command-line front end.
 """
 from __future__ import annotations
 

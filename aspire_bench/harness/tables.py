@@ -212,7 +212,7 @@ def percentile_columns(qs) -> list[tuple]:
 
 
 def speedup_cell(a: dict, base: float | None = None) -> str:
-    """'1.05x [0.98, 1.10]': a stored speedup over AR with its interval, else over `base` tok/s."""
+    """'SPEEDUPx [LOW, HIGH]': a stored speedup over AR with its interval, else over `base` tok/s."""
     x = a.get("speedup_vs_ar")
     if x is None and base and a.get("decode_tok_s"):
         x = a["decode_tok_s"] / base

@@ -2,18 +2,11 @@
 causal by absolute position) in one launch, full views read in place, sparse views through index
 lists, GQA without repeating K/V, split-K (flash-decoding) for long contexts.
 
-Layout (see docs/kernels.md):
-  q, out      [T, Hq, D]       flattened batch tokens
-  k/v cache   [Hkv, cap, D]    one layer of the pool; a row's keys are pool positions
-  plan        per "query block" (up to BLOCK_Q consecutive queries of one row) int32 arrays:
-              tok0, nq, qpos0 (absolute position of the first query), kv_len, base (slot base of a
-              full view), idx_off (offset into the concatenated sparse index/position arrays, -1 for
-              a full view).
-A program handles (query block, kv head, split). Its tile rows are (query i, group head g) pairs, so
-the G query heads sharing a KV head read each K/V tile once. With more than one split, each program
-writes a normalised partial output and its log-sum-exp, and a combine kernel merges the splits.
-Log-sum-exps are kept in base 2 (exp2 is the fast path on GPUs); they are also what the score kernel
-needs to turn logits back into probabilities without a second pass over the whole context.
+A program handles (query block, kv head, split); its tile rows are (query, group head) pairs, so the
+query heads sharing a KV head read each K/V tile once. With several splits each program writes a
+normalised partial output and its log-sum-exp (base 2: exp2 is the fast path on GPUs), a combine
+kernel merges them, and the score kernel turns logits back into probabilities with the same lse.
+Layouts, the plan and the tiles: docs/kernels.md, "The Triton kernels".
 """
 from __future__ import annotations
 

@@ -2,12 +2,11 @@
 
     python -m aspire_bench.kernels.triton_compile_check [--arch 90] [--quick] [--resources]
 
-The interpreter (tests/kernels/test_kernels.py) checks what the kernels compute; it cannot tell whether they
-compile for a GPU. This runs TritonAttention over sample mixed batches on the CPU with the launches
-recorded instead of run, then compiles every distinct launch (kernel x constexprs x arg types) for
-the given compute capability with Triton's bundled ptxas. --resources prints registers/spills per
-kernel (ptxas -v). Must run without TRITON_INTERPRET (it needs the compiled-kernel objects).
-Exit status 1 if any launch fails to compile.
+The interpreter (tests/kernels/test_kernels.py) checks what the kernels compute, not that they compile
+for a GPU. This records TritonAttention's launches over sample mixed batches on the CPU and compiles
+each distinct one (kernel x constexprs x arg types) with Triton's bundled ptxas; --resources prints
+registers/spills (ptxas -v). Run without TRITON_INTERPRET (it needs the compiled-kernel objects).
+Exit status 1 if any launch fails to compile. More: docs/kernels.md, "Compiling for a GPU without one".
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""Triton attention-score reductions for ASPIRE (PAGE_MAX_SUM) and Vegas (TOKEN_MEAN).
-
-Two passes, never heads x context in global memory: pass 1 is the attention kernel itself, which
-already computes each query's log-sum-exp per head (it is asked to write it, [T, Hq] floats). Pass 2
-(here) recomputes the logits of the chosen queries block by block of keys, turns them into
-probabilities with that lse, and reduces in registers:
+"""Triton attention-score reductions for ASPIRE (PAGE_MAX_SUM) and Vegas (TOKEN_MEAN):
   TOKEN_MEAN    score[u] = mean over chosen queries q of mean over heads h of p[h, q, u]
   PAGE_MAX_SUM  score[P] = mean over q of sum over u in P of max over h of p[h, q, u]
-exactly torch_ref.reduce_scores (averaging over queries commutes with the page sum).
-One program per (capturing row, block of keys); a block is a whole number of pages, so page sums
-stay inside a program. Tile rows are (chosen query, group head) pairs as in the attention kernel.
+
+Two passes, never heads x context in global memory: pass 1, the attention kernel, writes each query's
+per-head log-sum-exp; pass 2 (here) recomputes the chosen queries' logits block by block of keys, turns
+them into probabilities with that lse and reduces in registers, exactly as torch_ref.reduce_scores. A
+key block is a whole number of pages, so page sums stay in one program. More: docs/kernels.md, "_scores".
 """
 from __future__ import annotations
 

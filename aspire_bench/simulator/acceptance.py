@@ -1,18 +1,12 @@
-"""What a simulated verification accepts.
+"""What a simulated verification accepts: `accept(request, drafted, context)`, the count a of d drafts.
 
-Both models answer `accept(request, drafted, context)` with the accepted count a of d drafts.
-
-- `ReplayAcceptance`: a stored run's own outcomes. Each request's verifications (d, a) become a
-  token-level stream: a accepts, then one reject when a < d (tokens after a rejection were never
-  judged). A simulated verification of d drafts accepts the leading accepts among the next d
-  entries and consumes them (and the reject that ended them), whatever draft lengths the simulated
-  scheduler chooses; replayed with the recorded draft lengths it gives back the recorded outcomes
-  exactly. A request that drafts past its stream's end continues from its start (cyclic replay).
-- `MeasuredAcceptance`: stored runs' per-request streams, per decoder and draft kind, for a setting
-  other than the runs' own: the simulation's i-th request replays the i-th measured request's
-  stream (cyclically), so requests keep their measured differences instead of sharing one alpha.
-- `ParametricAcceptance`: each draft token is accepted independently with probability alpha(kind,
-  context), alpha interpolated linearly in the context from a table per draft kind.
+- `ReplayAcceptance`: a stored run's own outcomes, each request's verifications (d, a) as a token
+  stream (a accepts, then a reject when a < d) consumed whatever draft lengths the simulation
+  chooses; with the recorded lengths it gives back the recorded outcomes exactly (cyclic at the end).
+- `MeasuredAcceptance`: stored runs' per-request streams for another setting: the i-th simulated
+  request replays the i-th measured one's, so requests keep their measured differences.
+- `ParametricAcceptance`: each draft accepted independently with probability alpha(kind, context).
+Details: docs/simulator.md, "What it models" (Acceptance) and "Measured acceptance".
 """
 from __future__ import annotations
 

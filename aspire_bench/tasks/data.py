@@ -105,7 +105,7 @@ def _offline_requested() -> bool:
 
 def hub_reachable(timeout: float = 2.0) -> bool:
     """Whether a TCP connection to the Hub endpoint opens. Without this probe, an offline machine
-    spends ~25 s in huggingface_hub's retries before `datasets` gives up."""
+    waits through huggingface_hub's retries before `datasets` gives up."""
     global _hub_reachable
     if _hub_reachable is None:
         if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):

@@ -34,7 +34,7 @@ class TrainSettings:
     max_steps: int = 560
     long_fraction: float = 0.2  # last part of the steps, on long single-package sequences
     short_len: int = 1024
-    long_lens: tuple[int, ...] = (2048, 4096, 2048, 4096, 8192)  # cycled; 8k steps cost ~8x
+    long_lens: tuple[int, ...] = (2048, 4096, 2048, 4096, 8192)  # cycled; 8k, the dearest step, once a cycle
     tokens_per_step: int = 2048  # batch = tokens_per_step // seq_len (at least 1)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
@@ -326,19 +326,13 @@ def train_tiny(
 ) -> dict:
     """Train tokenizer and model, save an HF checkpoint (bf16) to `out_dir`; returns training.json's dict.
 
-    `minutes` bounds the whole run's wall time instead of `max_steps` (see `Progress`). `files`
-    defaults to the corpus' train split (tests pass a handful). `eval_tokens=0` skips the held-out
-    evaluation.
-
-    `checkpoint_every` steps the whole training state (weights, optimizer, step, data and RNG state)
-    is saved to `out_dir/checkpoint.pt`; a run started again with the same arguments resumes from it
-    and takes exactly the steps it would have taken uninterrupted (step-count schedules only).
-    `eval_every` steps the held-out loss at each of `eval_contexts` is appended to `out_dir/curve.jsonl`
-    (as `heldout_loss_<context>`), and the weights at that point are kept (bf16) in `out_dir/curve/step_N`, so acceptance can be measured
-    against tokens afterwards. `corpus_name` picks the training corpus (corpus.training_files).
-    `tokenizer_from` starts a new model with another checkpoint's tokenizer instead of training one,
-    so that held-out losses (nats per token) compare across shapes. `keep_layers` starts from those
-    layers of `init_from` only (a draft model made from its target).
+    `minutes` bounds the run's wall time instead of `max_steps` (see `Progress`); `files` defaults to
+    the corpus' train split; `eval_tokens=0` skips the held-out evaluation. Every `checkpoint_every`
+    steps the whole training state goes to `out_dir/checkpoint.pt`, and a rerun with the same arguments
+    resumes exactly; every `eval_every` steps the held-out loss at `eval_contexts` goes to
+    `out_dir/curve.jsonl` and the weights to `out_dir/curve/step_N`. `corpus_name`, `tokenizer_from` (a
+    shared tokenizer, so held-out losses compare across shapes) and `keep_layers` (a draft model from
+    its target): docs/tiny-model.md, "Long runs: checkpoints, resume, learning curve".
     """
     s = settings or TrainSettings()
     s.max_steps = max_steps

@@ -218,7 +218,7 @@ def cache(monkeypatch, tmp_path, built_library):
     """A private kernel cache holding the built library and its sidecar; no library loaded yet.
 
     A rebuild here runs a stand-in compiler that writes a copy of the library built once (the real
-    compile takes ~15 s): what these tests check is when the cache rebuilds and what it loads, and
+    compile is slow): what these tests check is when the cache rebuilds and what it loads, and
     the copy is a real library that must still load and compute. It reports the real compiler's
     version, which is part of the cache key."""
     real = cpu_build.compiler()
@@ -338,7 +338,8 @@ def test_load_failure_is_a_clear_error_and_auto_warns_once(cache, monkeypatch):
 
 def test_the_kernels_use_one_vector_per_register_and_runs_record_the_simd():
     """16 floats per vector where the CPU has AVX-512, 8 otherwise: a vector wider than the registers
-    is split by the compiler and the kernels' register tiles spill (1.8-5x slower on an AVX2 machine).
+    is split by the compiler and the kernels' register tiles spill (several times slower on an AVX2
+    machine: docs/kernels.md).
     The attention kernel takes 8 on AVX-512 cores that split 512-bit operations (Zen 4)."""
     from aspire_bench.harness.records import capture_environment
     from aspire_bench.kernels import cpu_dense

@@ -97,3 +97,10 @@ def test_a_builtin_name_wins_and_a_broken_plugin_is_one_line(tmp_path):
     assert "'broken'" in line and "ModuleNotFoundError" in line
     tasks = cli("tasks", site=site, cwd=tmp_path)
     assert tasks.returncode == 0 and any("shadowing-plugin" in x and "'needle'" in x for x in tasks.stderr.splitlines())
+
+
+def test_the_guide_quotes_the_example_decoder_as_it_is_and_it_stays_short():
+    """docs/adding-a-decoder.md shows decoder.py whole; the example is a policy of about 30 lines."""
+    code = (EXAMPLE / "aspire_example_decoder" / "decoder.py").read_text()
+    assert f"```python\n{code}```" in (REPO / "docs" / "adding-a-decoder.md").read_text()
+    assert len(code.splitlines()) <= 32
