@@ -26,13 +26,15 @@ def trained_length(cfg) -> int:
 
 def beyond_trained(model: str, rope: dict | None, contexts, max_new_tokens: int) -> str | None:
     """A line naming the contexts whose prompt plus new tokens run past the model's trained positions
-    under `rope` (None without scaling or when every context fits)."""
+    under `rope` (None without scaling or when every context fits); a context past the scaled length
+    too is left to its refusal."""
     if not rope:
         return None
     from ..engine.loading import read_config, resolve_model_path
     cfg = read_config(resolve_model_path(model), rope)
     trained = trained_length(cfg)
-    past = [c for c in contexts if c is not None and parse_bucket(c)[1] + max_new_tokens > trained]
+    spans = {c: (parse_bucket(c)[0], parse_bucket(c)[1] + max_new_tokens) for c in contexts if c is not None}
+    past = [c for c, (lo, end) in spans.items() if end > trained and lo + max_new_tokens <= cfg.max_context]
     if not past:
         return None
     factor = rope.get("factor")

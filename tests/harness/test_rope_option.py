@@ -124,3 +124,4 @@ def test_a_context_past_the_scaled_length_is_refused_with_its_fix(short_trained,
     r = CliRunner().invoke(main, args + (["--rope-scaling", scaling] if scaling else []))
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert fix in r.stderr and f"maximum context of {768 if scaling else TRAINED}" in r.stderr
+    assert "beyond the model's trained" not in r.stderr  # the refusal says it all
