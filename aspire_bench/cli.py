@@ -32,6 +32,12 @@ def model_options(f):
     return f
 
 
+rope_option = click.option(
+    "--rope-scaling", default=None, callback=T.rope_scaling, metavar="TYPE:FACTOR",
+    help="Replace the checkpoint's RoPE scaling to run past its trained length: yarn, linear or dynamic with "
+         "a factor above 1, e.g. yarn:2 (none: the checkpoint's own; llama3 needs a sweep file).")
+
+
 def decoder_options(f, max_new_help: str = "Default: the task's own."):
     for opt in reversed([
         click.option("--decoder", default="ar", show_default=True, help="ar | magicdec | vegas | aspire | ..."),
@@ -244,6 +250,7 @@ def _keep_partial(partial: Path):
     "aspire-bench run --decoder aspire --task code-completion --context-len 4k --batch-size 4 --limit 4 --parity",
     "aspire-bench run --decoder magicdec --decoder-arg gamma=4 --task needle --context-len 8k --columns all"))
 @model_options
+@rope_option
 @decoder_options
 @click.option("--task", default="code-completion", show_default=True, help="See `aspire-bench tasks`.")
 @click.option("--data", default=None, help="Local dataset file/dir (json, jsonl, parquet) instead of the Hub cache.")
@@ -265,9 +272,10 @@ def _keep_partial(partial: Path):
 @measure_options
 @columns_option
 @format_option
-def run_command(model, dtype, device, attention_backend, decoder, decoder_args, batch_size, max_new_tokens,
-                temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity, parity_tolerance,
-                store_path, tag, group, unequal_work, tune, percentiles, save_result, columns, fmt):
+def run_command(model, dtype, device, attention_backend, rope_scaling, decoder, decoder_args, batch_size,
+                max_new_tokens, temperature, top_k, top_p, seed, task, data, limit, context_len, repeat, parity,
+                parity_tolerance, store_path, tag, group, unequal_work, tune, percentiles, save_result, columns,
+                fmt):
     """Run a decoder on a task, print a summary and store the run."""
     from .atomic import refuse_overwrite
     from .harness.store import check_store_path
@@ -286,6 +294,7 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
     from rich.markup import escape
 
     from .harness.records import vllm_result
+    from .harness.rope import label as rope_label
     from .harness.runner import RunConfig, run
     from .harness.tables import info, print_summary
     qs = parse_percentiles(percentiles)
@@ -294,12 +303,16 @@ def run_command(model, dtype, device, attention_backend, decoder, decoder_args, 
                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     repeat=repeat, parity=parity, parity_tolerance=parity_tolerance,
                     dtype=_concrete_dtype(model, dtype), device=device,
-                    attention_backend=attention_backend, equal_work=not unequal_work, tune=tune)
+                    attention_backend=attention_backend, equal_work=not unequal_work, tune=tune,
+                    rope_scaling=rope_scaling)
+    _note_beyond_trained(model, rope_scaling, [context_len],
+                         max_new_tokens or get_task(task).default_max_new_tokens)
     try:
         result = run(cfg, store=store, tag=tag, group=group, percentiles=qs)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"the run had not finished: nothing was stored in {store}") from None
-    print_summary([result.record], title=escape(f"{task} on {model}"), fmt=fmt,
+    scaled = f" ({rope_label(rope_scaling)})" if rope_scaling else ""
+    print_summary([result.record], title=escape(f"{task} on {model}{scaled}"), fmt=fmt,
                   baselines=_group_ar_runs(store, group), percentiles=qs, columns=columns)
     if save_result:
         write_json(save_result, vllm_result(result.record, qs))
@@ -313,6 +326,14 @@ def _group_ar_runs(store: str, group: str | None) -> list:
     from .harness.store import Store
     with Store(store, readonly=True) as st:  # a read: the run itself is already saved
         return [st.get_run(s["run_id"]) for s in st.list_runs(group=group, decoder="ar", status="ok", kind="measured")]
+
+
+def _note_beyond_trained(model: str, rope_scaling: dict | None, contexts, max_new_tokens: int) -> None:
+    """Once, on stderr: the contexts that a scaling takes past the model's trained positions."""
+    from .harness.rope import beyond_trained
+    note = beyond_trained(model, rope_scaling, contexts, max_new_tokens)
+    if note:
+        click.echo(f"note: {note}", err=True)
 
 
 def _concrete_dtype(model: str, dtype: str) -> str:
@@ -358,6 +379,7 @@ def _csv_or_none(callback):
     "aspire-bench bench --context-len 16k --batch-size 8 --sampling paper --decoders ar,magicdec,aspire",
     "aspire-bench bench --context-len 4k,8k --batch-size 1,4 --limit 8 --repeat 2 --json rows.json"))
 @model_options
+@rope_option
 @click.option("--task", default="code-completion", show_default=True)
 @click.option("--context-len", "contexts", default=None, callback=_csv_or_none(T.csv_contexts),
               help="Context buckets, comma-separated: one cell per context.  [default: 4k,16k,32k]")
@@ -390,10 +412,10 @@ def _csv_or_none(callback):
 @measure_options
 @columns_option
 @format_option
-def bench_command(model, dtype, device, attention_backend, task, contexts, contexts_alias, batch_sizes,
-                  batch_sizes_alias, decoders, repeat, max_new_tokens, sampling, seed, limit, no_tune, no_bound,
-                  no_calibration_rounds, store_path, json_out, parity_tolerance, percentiles, save_result, columns,
-                  fmt):
+def bench_command(model, dtype, device, attention_backend, rope_scaling, task, contexts, contexts_alias,
+                  batch_sizes, batch_sizes_alias, decoders, repeat, max_new_tokens, sampling, seed, limit, no_tune,
+                  no_bound, no_calibration_rounds, store_path, json_out, parity_tolerance, percentiles, save_result,
+                  columns, fmt):
     """Decoders side by side on the same requests: tok/s, ratios with intervals, tuned baselines, bound share."""
     store = store_path
     contexts = merge_alias(contexts, contexts_alias, ["4k", "16k", "32k"], "--context-len", "--contexts")
@@ -430,10 +452,12 @@ def bench_command(model, dtype, device, attention_backend, task, contexts, conte
             refuse_overwrite(out, {"--store": store}, option)
     if json_out and save_result:
         refuse_overwrite(save_result, {"--json": json_out}, "--save-result")
+    _note_beyond_trained(model, rope_scaling, contexts, max_new_tokens)
     rows, bw = bench(model, task, contexts, batch_sizes, decoders, repeat,
                      max_new_tokens, samplings, seed, limit, store, _concrete_dtype(model, dtype), device,
                      attention_backend, tune=not no_tune, percentiles=qs, bound=not no_bound,
-                     parity_tolerance=parity_tolerance, calibration_rounds=not no_calibration_rounds)
+                     parity_tolerance=parity_tolerance, calibration_rounds=not no_calibration_rounds,
+                     rope_scaling=rope_scaling)
     data = [r.to_json() for r in rows]  # the `--json` contract, also what --format json prints
     if json_out is not None and str(json_out) == "-":
         fmt = "json"  # the rows on stdout, status lines on stderr

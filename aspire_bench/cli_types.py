@@ -98,6 +98,36 @@ def context_len(ctx, param, value):
     return value
 
 
+# RoPE scalings a factor alone defines (engine/config.py reads them as config.json's rope_scaling).
+ROPE_SCALINGS = ("yarn", "linear", "dynamic")
+
+
+def rope_scaling(ctx, param, value):
+    """--rope-scaling TYPE:FACTOR as config.json's rope_scaling form, {"rope_type", "factor"}; `none`
+    or absent: None, the checkpoint's own scaling."""
+    if value is None or value.strip().lower() == "none":
+        return None
+    kind, sep, factor = value.strip().partition(":")
+    kind = kind.strip().lower()
+    if kind == "llama3":
+        raise click.BadParameter("llama3 scaling needs low_freq_factor, high_freq_factor and "
+                                 "original_max_position_embeddings besides a factor: give it as a sweep file's "
+                                 "rope_scaling (docs/sweeps.md)")
+    if kind not in ROPE_SCALINGS:
+        raise click.BadParameter(f"{value!r}: unknown scaling type {kind!r}: use {', '.join(ROPE_SCALINGS)} "
+                                 "as TYPE:FACTOR (e.g. yarn:2), or none for the checkpoint's own")
+    if not sep:
+        raise click.BadParameter(f"{value!r} has no factor: write TYPE:FACTOR, e.g. {kind}:2")
+    try:
+        f = float(factor)
+    except ValueError:
+        f = math.nan
+    if not (math.isfinite(f) and f > 1):
+        raise click.BadParameter(f"{value!r}: the factor must be a number above 1 (the context grows by it), "
+                                 f"e.g. {kind}:2")
+    return {"rope_type": kind, "factor": f}
+
+
 def csv_list(ctx, param, value):
     """A comma-separated option as a list (empty items dropped; none at all, or one twice, is an error)."""
     items = [x.strip() for x in (value or "").split(",") if x.strip()]

@@ -42,11 +42,12 @@ class ModelConfig:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence: YaRN and dynamic NTK extend the context by their factor."""
-        r = self.rope
-        if r.get("rope_type") == "yarn":
+        """Longest sequence: YaRN and dynamic NTK extend the context by their factor, linear scaling when
+        it names the context it scales (an override does, engine/loading.py)."""
+        r, kind = self.rope, self.rope.get("rope_type")
+        if kind == "yarn" or (kind == "linear" and r.get("original_max_position_embeddings")):
             return max(self.max_position_embeddings, int(r["original_max_position_embeddings"] * float(r["factor"])))
-        if r.get("rope_type") == "dynamic":
+        if kind == "dynamic":
             return int(self.max_position_embeddings * float(r["factor"]))
         return self.max_position_embeddings
 

@@ -72,7 +72,12 @@ def read_config(path: Path, rope_scaling: dict | None = None) -> ModelConfig:
         params = raw.pop("rope_parameters", None) or {}
         if isinstance(params, dict) and "rope_theta" in params:
             raw.setdefault("rope_theta", params["rope_theta"])
-        raw["rope_scaling"] = dict(rope_scaling)
+        scaling = dict(rope_scaling)
+        if scaling.get("rope_type", scaling.get("type")) == "linear" and "max_position_embeddings" in raw:
+            # The factor scales the checkpoint's context, as YaRN's default does: an override extends it
+            # (config.json's own linear entries come with max_position_embeddings already scaled).
+            scaling.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+        raw["rope_scaling"] = scaling
     return parse_config(raw, str(path / "config.json"))
 
 

@@ -22,7 +22,7 @@ from ..decoders.base import PAPER_SAMPLING, GenerationOutput
 from ..decoders.calibration import Calibration, calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
-from . import metrics, records
+from . import metrics, records, rope
 from .generation import generate
 from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, prepare, traced_repeat
@@ -143,6 +143,11 @@ class BenchRow:
         return self.record.config["decoder"]
 
     @property
+    def rope_scaling(self) -> dict | None:
+        """The RoPE scaling that replaced the checkpoint's (None: its own)."""
+        return self.record.config.get("rope_scaling")
+
+    @property
     def given(self) -> dict:
         """The settings given with the decoder's name in --decoders (none: its defaults)."""
         return self.record.config.get("decoder_args") or {}
@@ -161,8 +166,9 @@ class BenchRow:
 
     def to_json(self) -> dict:
         """One row of `bench --json` (the contract: docs/metrics.md#bench-json)."""
-        return {"context": self.context, "batch_size": self.batch_size, "sampling": self.sampling,
-                "decoder": self.decoder, "run_id": self.record.run_id, **self.record.aggregates,
+        return {"context": self.context, "rope_scaling": self.rope_scaling, "batch_size": self.batch_size,
+                "sampling": self.sampling, "decoder": self.decoder, "run_id": self.record.run_id,
+                **self.record.aggregates,
                 "settings": self.settings, "tuned": self.tuned, "n_requests": self.record.aggregates["n_requests"],
                 **self.figures}
 
@@ -173,20 +179,23 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
           dtype: str = "float32", device: str = "cpu", attention_backend: str = "auto",
           show_progress: bool = True, tune: bool = True, percentiles=metrics.DEFAULT_PERCENTILES,
           bound: bool = True, parity_tolerance: float | None = None,
-          calibration_rounds: bool = True, rounds: int = MIN_ROUNDS, name: str = "bench") -> tuple[list[BenchRow], float]:
+          calibration_rounds: bool = True, rounds: int = MIN_ROUNDS, name: str = "bench",
+          rope_scaling: dict | None = None) -> tuple[list[BenchRow], float]:
     """decoders: names or (name, settings) (default: default_decoders()); limit: requests per cell (default
     max(MIN_REQUESTS, batch size)); tune: add a tuned row per decoder with a tune_grid;
     rounds: how many rounds (repeats x slices of the requests) each cell aims for (slices()); name: the
     runs' sweep name (what the leaderboard calls their group, e.g. "demo");
     bound: measure the step costs of each cell for bound_share; calibration_rounds: time a calibration
     round after every run and store the fits with their samples (info["adjacent_calibration"],
-    info["interleaved_calibration"]: a fit of other terms can be made from the store)."""
+    info["interleaved_calibration"]: a fit of other terms can be made from the store); rope_scaling:
+    replaces the checkpoint's (config.json's form, e.g. {"rope_type": "yarn", "factor": 2.0}), in every
+    run's config."""
     check_tolerance(parity_tolerance)
     metrics.check_percentiles(percentiles)
     decoders = default_decoders() if decoders is None else decoders
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
-    engine = load_engine(model, dtype, device, attention_backend)
+    engine = load_engine(model, dtype, device, attention_backend, rope_scaling)
     for d in decoders:  # settings against the model (a layer index) before the first cell runs
         dname, args = decoder_spec(d)
         check_for_model(get_decoder(dname, **dict(args)), engine.cfg.num_layers)
@@ -209,7 +218,8 @@ def bench(model: str = "tiny", task: str = "code-completion", contexts=("4k", "1
             a[f"{agg}_min"], a[f"{agg}_max"] = lo_hi or (None, None)
 
     base = RunConfig(model=model, task=task, max_new_tokens=max_new_tokens, seed=seed, repeat=repeat, dtype=dtype,
-                     device=device, attention_backend=attention_backend, ignore_eos=True)
+                     device=device, attention_backend=attention_backend, ignore_eos=True,
+                     rope_scaling=rope_scaling)
     rows: list[BenchRow] = []
     try:
         for ctx in contexts:
@@ -523,7 +533,8 @@ def bench_table(rows: list[BenchRow], bandwidth: float, columns: str | None = No
 
     # name: (header, cell of (row, aggregates, figures))
     cells = {
-        "context": ("context", lambda r, a, f: r.context),
+        # a scaled cell says so ("16k yarn×2"): it may run past the model's trained length
+        "context": ("context", lambda r, a, f: " ".join(filter(None, (r.context, rope.label(r.rope_scaling))))),
         "batch": ("batch", lambda r, a, f: str(r.batch_size)),
         "sampling": ("sampling", lambda r, a, f: r.sampling),
         "decoder": ("decoder", lambda r, a, f: escape(r.label)),

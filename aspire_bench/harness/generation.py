@@ -20,9 +20,10 @@ def build_requests(cfg, engine: Engine):
     if cfg.context_len:
         lo, _ = parse_bucket(cfg.context_len)
         if lo + max_new > engine.max_context:
+            fix = "a larger rope scaling factor" if cfg.rope_scaling else "another model"
             raise ConfigError(
                 f"context {cfg.context_len} ({lo} tokens) + {max_new} new tokens is longer than the model's "
-                f"maximum context of {engine.max_context}: choose a shorter --context-len or another model")
+                f"maximum context of {engine.max_context}: choose a shorter --context-len or {fix}")
     samples = task.samples(engine.tokenizer, limit=cfg.limit, context_len=cfg.context_len, seed=cfg.seed,
                            data_path=cfg.data, max_length=engine.max_context - max_new)
     if not samples:

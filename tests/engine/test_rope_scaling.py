@@ -87,3 +87,17 @@ def test_rotations_equal_transformers_token_by_token(rope, tmp_path):
     default = make_checkpoint("qwen2", tmp_path / "plain", max_position_embeddings=ORIGINAL)
     plain = default.model.rotary_emb(x, torch.tensor([[2 * ORIGINAL]]))[0]
     assert (plain - ours._rope_tables(torch.tensor([2 * ORIGINAL]))[0]).abs().max() > 1e-3  # scaling changed it
+
+
+def test_a_linear_override_extends_the_checkpoints_context(tmp_path):
+    """An override's factor scales the checkpoint's max_position_embeddings (as YaRN's default does);
+    config.json's own linear entry comes with max_position_embeddings already scaled, so it is kept."""
+    from aspire_bench.engine.loading import read_config
+    make_checkpoint("qwen2", tmp_path / "plain", max_position_embeddings=ORIGINAL)
+    linear = read_config(tmp_path / "plain", {"rope_type": "linear", "factor": 2.0})
+    assert linear.max_context == 2 * ORIGINAL and linear.rope["original_max_position_embeddings"] == ORIGINAL
+    assert read_config(tmp_path / "plain", {"rope_type": "yarn", "factor": 2.0}).max_context == 2 * ORIGINAL
+    assert read_config(tmp_path / "plain").max_context == ORIGINAL
+    make_checkpoint("qwen2", tmp_path / "own", rope_scaling={"rope_type": "linear", "factor": 2.0},
+                    max_position_embeddings=2 * ORIGINAL)
+    assert read_config(tmp_path / "own").max_context == 2 * ORIGINAL

@@ -108,6 +108,11 @@ ARG_CASES = [
     (["generate", "--prompts", "p.jsonl", "--out", "store.db"], "refusing to overwrite"),
     (["generate", "--prompts", "p.jsonl", "--out", "sub"], "is a directory"),
     (["runs", "--limit", "0"], "--limit"),
+    (["run", "--rope-scaling", "yarn"], "write TYPE:FACTOR"),
+    (["run", "--rope-scaling", "yarn:1"], "above 1"),
+    (["bench", "--rope-scaling", "ntk:2"], "unknown scaling type 'ntk'"),
+    (["bench", "--rope-scaling", "yarn:x2"], "above 1"),
+    (["bench", "--rope-scaling", "llama3:8"], "sweep file"),
 ]
 
 
