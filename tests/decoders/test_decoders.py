@@ -117,9 +117,7 @@ def test_sparse_views_never_read_beyond_the_prefix(random_engine):
 
 def test_bundled_tiny_model_parity():
     """On the trained model (real acceptance < 1) every decoder reproduces AR greedy."""
-    from aspire_bench.engine.loading import TINY_DIR
-    assert (TINY_DIR / "model.safetensors").exists(), "bundled tiny model missing"
-    eng = Engine.from_pretrained("tiny", attention_backend="torch")
+    eng = Engine.from_pretrained("tiny", attention_backend="torch")  # fails (not skips) when it is missing
     text = Path(__file__).read_text()
     ids = eng.tokenizer.encode(text * 4)
     reqs = [Request(str(i), ids[i * 37: i * 37 + n], 24) for i, n in enumerate((700, 300, 900, 520, 640, 410))]
