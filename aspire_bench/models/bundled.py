@@ -34,15 +34,16 @@ def bundled_checkpoint(name: str) -> Path:
     packed = sorted(src.glob("*.xz"))
     if not packed:
         return src
-    return _expanded(src, tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in packed))
+    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in packed)
+    return _expanded(src, stamp, cache_root())
 
 
 @cache
-def _expanded(src: Path, _stamp: tuple) -> Path:  # the stamp: a replaced file is hashed again
+def _expanded(src: Path, _stamp: tuple, root: Path) -> Path:  # the stamp: a replaced file is hashed again
     digest = hashlib.sha256()
     for p in sorted(src.glob("*.xz")):
         digest.update(p.name.encode() + p.read_bytes())
-    out = cache_root() / "bundled" / f"{src.name}-{digest.hexdigest()[:16]}"
+    out = root / "bundled" / f"{src.name}-{digest.hexdigest()[:16]}"
     if (out / "config.json").is_file():
         return out
     # expanded next to its final place and renamed into it: a reader never sees half a checkpoint

@@ -59,3 +59,11 @@ def test_a_missing_bundled_model_is_a_one_line_error(tmp_path, monkeypatch, cach
     monkeypatch.setattr(bundled, "ASSETS", tmp_path)
     with pytest.raises(CheckpointError, match="reinstall aspire-bench"):
         bundled_checkpoint("tiny")
+
+
+def test_another_cache_gets_its_own_expanded_copy(cache, tmp_path, monkeypatch):
+    first = bundled_checkpoint("tiny")
+    monkeypatch.setenv("ASPIRE_BENCH_MODELS", str(tmp_path / "other"))
+    second = bundled_checkpoint("tiny")  # within one process too: the cache folder is part of the key
+    assert second.parent == tmp_path / "other" / "bundled" and second.name == first.name
+    assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
