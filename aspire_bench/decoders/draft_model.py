@@ -19,7 +19,7 @@ import torch
 
 from ..engine import Engine, Row, load_model, load_tokenizer, resolve_model_path
 from ..errors import ConfigError
-from ..models.bundled import bundled_name
+from ..models.bundled import BUNDLED, bundled_name
 from .base import DECODE, VERIFY
 from .loop import Decoder, Plan, Policy
 from .sampler import logits_to_probs, sample_from, stack_rows
@@ -36,7 +36,7 @@ class DraftModelSettings:
     def __post_init__(self):
         if self.gamma < 1:
             raise ValueError("gamma must be >= 1 (gamma=0 is AR: use --decoders ar)")
-        if self.draft_model not in (AUTO, "tiny", "tiny-draft") and not Path(self.draft_model).expanduser().is_dir():
+        if self.draft_model not in (AUTO, *BUNDLED) and not Path(self.draft_model).expanduser().is_dir():
             raise ValueError(f"draft_model={self.draft_model}: no such checkpoint directory (give a local "
                              "checkpoint with the target's vocabulary, or tiny-draft)")
 

@@ -39,10 +39,10 @@ def bundled_checkpoint(name: str) -> Path:
 
 
 @cache
-def _expanded(src: Path, _stamp: tuple, root: Path) -> Path:  # the stamp: a replaced file is hashed again
+def _expanded(src: Path, stamp: tuple, root: Path) -> Path:  # the stamp: a replaced file is hashed again
     digest = hashlib.sha256()
-    for p in sorted(src.glob("*.xz")):
-        digest.update(p.name.encode() + p.read_bytes())
+    for name, *_ in stamp:
+        digest.update(name.encode() + (src / name).read_bytes())
     out = root / "bundled" / f"{src.name}-{digest.hexdigest()[:16]}"
     if (out / "config.json").is_file():
         return out
