@@ -108,6 +108,12 @@ class Engine:
             sl = slice(slot.base, slot.base + len(ids))
             self.prefix_cache[tuple(ids)] = (self.cache.k[:, :, sl].clone(), self.cache.v[:, :, sl].clone())
 
+    def keep_prefixes(self, keep) -> None:
+        """Forget every cached prefix but those in `keep` (tuples of ids)."""
+        if self.prefix_cache is not None:
+            for ids in [ids for ids in self.prefix_cache if ids not in keep]:
+                del self.prefix_cache[ids]
+
     def has_prefix(self, ids) -> bool:
         """Whether the KV of `ids` is in the prefix cache."""
         return self.prefix_cache is not None and tuple(ids) in self.prefix_cache

@@ -67,8 +67,10 @@ def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
     reqs = tuning_requests(cfg, engine, measured)
     params = replace(params, seed=params.seed + TUNE_SEED_OFFSET)
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs]
+    # its progress shows while it prefills (minutes at 16k), not when every prompt is cached already
+    show = show_progress and not all(engine.has_prefix(r.prompt_ids[:-1]) for r in reqs)
     generate(cfg.decoder, {**cfg.decoder_args, **points[0]}, engine, warm, params, cfg.batch_size,
-             "tuning warm-up", False)
+             "tuning warm-up (prefill)", show)
     rng = random.Random(params.seed)
     runs = {label(p): [] for p in points}
     for rnd in range(TUNE_ROUNDS):

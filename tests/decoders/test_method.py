@@ -102,6 +102,23 @@ def test_tuning_requests_are_apart_from_measured_ones(random_tiny):
     assert not {tuple(r.prompt_ids) for r in tune} & {tuple(r.prompt_ids) for r in p.reqs}
 
 
+def test_bench_prefix_cache_holds_one_set_of_prompts_at_a_time(random_tiny, monkeypatch):
+    """The tuning prompts are dropped before the measured ones are prefilled, and an earlier cell's
+    prompts before the next cell's: the cache never holds the KV of two sets (at 16k, 0.75 GB a prompt)."""
+    held = []
+    save = Engine.save_prefix
+
+    def saving(self, slot, ids):
+        save(self, slot, ids)
+        held.append(len(self.prefix_cache))
+    monkeypatch.setattr(Engine, "save_prefix", saving)
+    rows, _ = bench(str(random_tiny), "needle", ["1k", "2k"], [2], ["ar", "magicdec"], repeat=1, max_new_tokens=4,
+                    samplings=[Sampling(*PAPER)], limit=3, bound=False, show_progress=False, rounds=1,
+                    calibration_rounds=False)
+    assert [r.tuned for r in rows] == [False, False, True] * 2  # tuned on 2 prompts per cell, measured on 3
+    assert held and max(held) == 3
+
+
 def test_tuning_takes_the_median_of_rounds_in_fresh_orders(monkeypatch):
     """One disturbed tuning run (the machine slowed to half speed during it) does not decide: the grid
     runs in a fresh order per round and the median over the rounds wins. With one run per gamma in the
