@@ -6,6 +6,8 @@
 - tflops.float32 / bfloat16: a 2048 x 2048 matrix product.
 - step_overhead_us: one engine step of the bundled tiny model (1 token, 16 positions of context)
   minus what the roofline gives that step: the fixed cost of a forward pass (op dispatch, Python).
+- overlap: false. A CPU core reads and computes in turn, so a step's time is the sum of its bytes'
+  and its FLOPs' times (a GPU's profile takes the larger).
 Each is the fastest of its repeats: on a shared machine other processes only ever slow a timing
 down, so the minimum is the closest to what the machine can do. Efficiencies are 1: the figures are
 what this machine achieves, not datasheet peaks. The profile records the load average at the time.
@@ -52,7 +54,8 @@ def step_overhead_us(profile: dict) -> float:
     slot = engine.alloc(64)
     engine.forward([Row(slot, list(range(16)), 0)])
     t = best_time(lambda: (engine.forward([Row(slot, [1], 16)]), engine.rollback(slot, 16)), repeats=30)
-    roof = Roofline(Hardware("m", profile["memory_bw_gbs"], profile["tflops"]), ModelShape.load(TINY_SHAPE, "float32"))
+    roof = Roofline(Hardware("m", profile["memory_bw_gbs"], profile["tflops"], overlap=profile["overlap"]),
+                    ModelShape.load(TINY_SHAPE, "float32"))
     return max(0.0, t - roof.step_time([("decode", 1, 17)])) * 1e6
 
 
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
     profile = {"name": f"{cpu_model()} ({torch.get_num_threads()} threads, measured)",
                "memory_bw_gbs": read_bandwidth_gbs(),
                "tflops": {"float32": matmul_tflops(torch.float32), "bfloat16": matmul_tflops(torch.bfloat16)},
-               "bw_efficiency": 1.0, "flops_efficiency": 1.0}
+               "bw_efficiency": 1.0, "flops_efficiency": 1.0, "overlap": False}
     profile["step_overhead_us"] = step_overhead_us(profile)
     profile["_source"] = (f"benchmarks/measure_hardware.py on {datetime.date.today().isoformat()}, load average "
                           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine reads lower)")

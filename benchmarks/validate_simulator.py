@@ -9,7 +9,8 @@ over the group's AR run; a row passes within ±10% (ASPIRE's ratio within ±5%; 
 Step costs: the run's stored calibration unless --calibration is given. `--steps` adds the cost
 model's error per kind of step; `--without TERM` refits the stored calibrations without that term.
 `--projection` checks the projection instead of the replay: each run becomes a parametric
-simulation (its model's shape on the --hardware roofline, its context, batch, request count, output
+simulation (its model's shape on the --hardware roofline, or with `--hardware calibrated` the step
+costs its own machine timed in the run, and its context, batch, request count, output
 length and settings) driven by the acceptance it measured per request, as `simulate --acceptance-from`
 and benchmarks/project_paper.py project it. Nothing is written to the store.
 """
@@ -28,6 +29,7 @@ from aspire_bench.harness.store import Store
 from aspire_bench.simulator.rows import speedups, stored_cost, stored_rows
 
 TOK_S_TOL, RATIO_TOL = 0.10, 0.05
+CALIBRATED = "calibrated"  # --hardware: each run's stored calibration (the step costs its machine timed)
 
 
 def refitted(store, without):
@@ -52,7 +54,8 @@ def refitted(store, without):
 
 def projected_rows(store, ids, hardware: str) -> list[dict]:
     """Rows as stored_rows gives them, each run simulated as a projection of its own setting: its
-    model on the `hardware` roofline, the acceptance it measured per request, its decoder settings."""
+    model on the `hardware` roofline (or, for "calibrated", its own stored calibration), the
+    acceptance it measured per request, its decoder settings."""
     from statistics import median
 
     from aspire_bench.harness.metrics import decode_tok_s
@@ -63,12 +66,13 @@ def projected_rows(store, ids, hardware: str) -> list[dict]:
         num_layers_of,
         simulate_parametric,
     )
-    hw, rows = Hardware.load(hardware), []
+    hw, rows = None if hardware == CALIBRATED else Hardware.load(hardware), []
     for rid in ids:
         rec = store.get_run(rid)
         c = rec.config
         dtype = c.get("dtype") if c.get("dtype") in DTYPE_BYTES else None
-        cost = Roofline(hw, ModelShape.load(str(model_config_path(c["model"])), dtype))
+        cost = (stored_cost(store, rec, None) if hw is None else
+                Roofline(hw, ModelShape.load(str(model_config_path(c["model"])), dtype)))
         table = measured_acceptance(store, [rid]) if rec.requests and any(r.verifications for r in rec.requests) else {}
         context = int(median(r.prompt_len for r in rec.requests))
         out, _ = simulate_parametric(c["decoder"], cost, table, context, c["batch_size"], len(rec.requests),
@@ -164,7 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", action="store_true", help="also the model's error per kind of step")
     ap.add_argument("--projection", action="store_true",
                     help="check the projection (parametric, measured acceptance, a roofline) instead of the replay")
-    ap.add_argument("--hardware", default="cpu-measured", help="the roofline of --projection (default: %(default)s)")
+    ap.add_argument("--hardware", default="cpu-measured",
+                    help=f"the roofline of --projection, or {CALIBRATED!r}: each run's own stored calibration, the "
+                         "step costs timed on its machine (default: %(default)s)")
     ap.add_argument("--without", default="", help=f"comma-separated terms to refit without ({', '.join(EXTRA_TERMS)})")
     a = ap.parse_args(argv)
     decoders = [d for d in a.decoders.split(",") if d]

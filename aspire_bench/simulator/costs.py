@@ -5,8 +5,8 @@ which scattered through a sparse view[, positions whose scores it captured]]), a
 step rows. `CalibratedCost` prices them with this machine's fitted cost model (decoders/scheduler.py
 CostModel). `Roofline` with a hardware profile and a model shape: every weight and each row's KV
 read once, 2 FLOPs per weight per token plus attention's FLOPs, time = max(bytes / bandwidth, FLOPs /
-peak) (each at its efficiency) + a fixed per-step overhead; scattered positions and captured scores
-cost nothing extra there (a GPU gathers whole pages at full bandwidth). docs/simulator.md.
+peak) (their sum where the profile says they do not overlap, a CPU's) + a fixed per-step overhead;
+scattered positions and captured scores cost nothing extra there. docs/simulator.md.
 """
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ class Hardware:
     bw_efficiency: float = 1.0
     flops_efficiency: float = 1.0
     step_overhead_us: float = 0.0
+    overlap: bool = True  # reads hide under arithmetic or the reverse (a GPU); False: they add (a CPU)
 
     @classmethod
     def load(cls, spec: str) -> Hardware:
@@ -108,12 +109,14 @@ class Hardware:
         try:
             hw = cls(str(d.get("name", name)), float(d["memory_bw_gbs"]), {k: float(v) for k, v in d["tflops"].items()},
                      float(d.get("bw_efficiency", 1.0)), float(d.get("flops_efficiency", 1.0)),
-                     float(d.get("step_overhead_us", 0.0)))
+                     float(d.get("step_overhead_us", 0.0)), d.get("overlap", True))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"--hardware {name} is not a hardware profile ({e!r}): it needs memory_bw_gbs and "
                             "tflops {dtype: TFLOP/s}") from None
         if hw.memory_bw_gbs <= 0 or not all(v > 0 for v in hw.tflops.values()):
             raise UserError(f"--hardware {name}: bandwidth and FLOP/s must be positive")
+        if not isinstance(hw.overlap, bool):
+            raise UserError(f"--hardware {name}: overlap is {hw.overlap!r}: write true (a GPU) or false (a CPU)")
         return hw
 
 
@@ -162,7 +165,9 @@ class Roofline:
         qk = sum(r[1] * r[2] for r in rows)
         nbytes = self.weight_bytes + kv * self.shape.kv_bytes_per_position
         flops = 2 * self.shape.weight_params * n + self.attn_flops * qk
-        return max(nbytes / self.bw, flops / self.flops) + self.hw.step_overhead_us * 1e-6
+        read, compute = nbytes / self.bw, flops / self.flops
+        busy = max(read, compute) if self.hw.overlap else read + compute
+        return busy + self.hw.step_overhead_us * 1e-6
 
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         """What `aspire-bench calibrate --batch-size batch --context-len context` would fit on this

@@ -141,3 +141,17 @@ def test_ar_bandwidth_loads_a_named_checkpoint(tmp_path):
     bundled = Engine.from_pretrained("tiny")
     assert ours.model.weight_bytes() == bundled.model.weight_bytes()
     assert torch.equal(ours.model.lm_head, bundled.model.lm_head)
+
+
+def test_measure_hardware_writes_a_cpu_profile_the_simulator_loads(tmp_path, monkeypatch):
+    from functools import partial
+
+    from aspire_bench.simulator.costs import Hardware
+    from benchmarks import measure_hardware as mh
+    monkeypatch.setattr(mh, "read_bandwidth_gbs", partial(mh.read_bandwidth_gbs, 1 << 22))  # small and quick
+    monkeypatch.setattr(mh, "matmul_tflops", partial(mh.matmul_tflops, n=128))
+    out = tmp_path / "cpu.json"
+    assert mh.main(["--out", str(out)]) == 0
+    hw = Hardware.load(str(out))
+    assert not hw.overlap  # a CPU core reads and computes in turn
+    assert hw.memory_bw_gbs > 0 and set(hw.tflops) == {"float32", "bfloat16"} and hw.step_overhead_us >= 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -77,9 +78,24 @@ def test_roofline_arithmetic():
     assert shape.weight_params == params
     assert shape.kv_bytes_per_position == 2 * 2 * 1 * 4 * 4
     rows = [("draft", 1, 100), ("verify", 3, 50)]
-    nbytes = params * 4 + 250 * shape.kv_bytes_per_position
+    nbytes = params * 4 + (100 + 50) * shape.kv_bytes_per_position  # each row reads its KV once
     flops = 2 * params * 4 + 4 * 2 * 4 * 2 * (100 + 150)
     assert roof.step_time(rows) == pytest.approx(max(nbytes / 1e9, flops / 1e9) + 5e-6)
+    cpu = Roofline(replace(hw, overlap=False), shape)  # a CPU core reads and computes in turn
+    assert cpu.step_time(rows) == pytest.approx(nbytes / 1e9 + flops / 1e9 + 5e-6)
+
+
+def test_a_profile_says_whether_reads_and_arithmetic_overlap(tmp_path):
+    from aspire_bench.errors import UserError
+    profile = {"memory_bw_gbs": 40, "tflops": {"float32": 0.1}}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(profile))
+    assert Hardware.load(str(path)).overlap  # the default: a GPU's
+    path.write_text(json.dumps({**profile, "overlap": False}))
+    assert not Hardware.load(str(path)).overlap
+    path.write_text(json.dumps({**profile, "overlap": "no"}))
+    with pytest.raises(UserError, match="overlap is 'no': write true .* or false"):
+        Hardware.load(str(path))
 
 
 def test_bundled_shapes_have_the_published_parameter_counts():
@@ -279,6 +295,8 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
     # --without: each run's stored calibrations refitted from their samples without the terms named
     assert validate_simulator.main(["--store", db, "--without", "beta_capture"]) == 2  # none stored
     assert "error: run 1" in capsys.readouterr().err
+    assert validate_simulator.main(["--store", db, "--projection", "--hardware", "calibrated"]) == 2
+    assert "error: run 1 has no calibration" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         validate_simulator.main(["--store", db, "--without", "beta_nope"])
     gen, model = random.Random(0), CostModel(2e-3, 1e-4, 1e-6, beta_sparse=5e-7, beta_capture=3e-7)
@@ -305,6 +323,18 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
         sim = simulate_stored(rec, CalibratedCost(model))[0]
         assert rows[0]["simulated_decode_tok_s"] == pytest.approx(metrics.decode_tok_s(sim), rel=1e-12)
     assert stored[0]["simulated_decode_tok_s"] != refit[0]["simulated_decode_tok_s"]
+    # --projection --hardware calibrated: the parametric projection priced with each run's own calibration
+    from statistics import median
+
+    from aspire_bench.simulator.source import num_layers_of, simulate_parametric
+    projected = validate_simulator.validate(db, ["ar"], projection="calibrated")[0]
+    c = rec.config
+    alone, _ = simulate_parametric("ar", CalibratedCost(full), {}, int(median(r.prompt_len for r in rec.requests)),
+                                   c["batch_size"], len(rec.requests), c["max_new_tokens"], 16,
+                                   num_layers_of(c["model"]), settings=rec.info)
+    assert projected["simulated_decode_tok_s"] == pytest.approx(metrics.decode_tok_s(alone), rel=1e-12)
+    assert projected["simulated_decode_tok_s"] != validate_simulator.validate(
+        db, ["ar"], projection="cpu-measured")[0]["simulated_decode_tok_s"]
 
 
 def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
