@@ -23,7 +23,7 @@ from ..decoders.calibration import Calibration, calibrate, pooled_calibration
 from ..errors import ConfigError
 from ..tasks.buckets import parse_bucket
 from . import metrics, records, rope
-from .generation import build_requests, generate
+from .generation import build_requests, cached_prefix, generate
 from .parity import check_tolerance, resolve_tolerance
 from .runner import RunConfig, finish, load_engine, prepare, traced_repeat, warm_up
 from .step_costs import TIMED_DRAFTS, measure_cell
@@ -349,7 +349,7 @@ def _prepared(engine, cell: RunConfig, entries: list, show_progress: bool) -> di
     prompt's KV is 0.75 GB in fp32 on SmolLM2): the tuned entries first, on their tuning prompts; then
     only the cell's measured prompts (an earlier cell's are kept where this cell measures them too)."""
     _, _, reqs = build_requests(cell, engine)
-    measured = {tuple(r.prompt_ids[:-1]) for r in reqs}  # the loop caches a prompt without its last token
+    measured = {cached_prefix(r) for r in reqs}
     engine.keep_prefixes(measured)
     prepared = {}
     for e in sorted(entries, key=lambda e: not e[2]):

@@ -11,6 +11,11 @@ from ..tasks.base import encode_prompt
 from ..tasks.buckets import parse_bucket
 
 
+def cached_prefix(req) -> tuple:
+    """What the prefix cache keeps a request's prompt under: all but its last token (decoders/loop.py _admit)."""
+    return tuple(req.prompt_ids[:-1])
+
+
 def build_requests(cfg, engine: Engine):
     """(task, samples, requests) of a RunConfig on this engine's tokenizer and context."""
     if engine.tokenizer is None:

@@ -11,7 +11,7 @@ from ..engine import Engine
 from ..errors import ConfigError
 from ..tasks import get_task
 from . import metrics, records
-from .generation import build_requests, generate
+from .generation import build_requests, cached_prefix, generate
 from .parity import against_ar, check_tolerance
 from .schema import check_run_settings
 from .store import check_store_path, save_record
@@ -170,8 +170,7 @@ def warm_up(p: Prepared, show_progress: bool = False) -> None:
     that the others get from the cache. Its progress shows unless every prompt is cached already (a
     32k prefill is minutes of work)."""
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in p.reqs[:p.cfg.batch_size]]
-    # the loop caches a prompt's prefix without its last token (decoders/loop.py _admit)
-    show = show_progress and not all(p.engine.has_prefix(r.prompt_ids[:-1]) for r in p.reqs)
+    show = show_progress and not all(p.engine.has_prefix(cached_prefix(r)) for r in p.reqs)
     generate(p.decoder, {}, p.engine, warm, p.params, p.cfg.batch_size, "warm-up (prefill)", show)
     if p.engine.prefix_cache is not None:
         prime = [replace(r, max_new_tokens=1) for r in p.reqs[p.cfg.batch_size:]]

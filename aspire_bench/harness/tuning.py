@@ -18,7 +18,7 @@ from dataclasses import replace
 from ..decoders import trait
 from ..errors import ConfigError
 from . import metrics
-from .generation import build_requests, generate
+from .generation import build_requests, cached_prefix, generate
 
 TUNE_NEW_TOKENS = 32
 TUNE_ROUNDS = 3
@@ -68,7 +68,7 @@ def tune(cfg, engine, measured, params, show_progress: bool = False) -> dict:
     params = replace(params, seed=params.seed + TUNE_SEED_OFFSET)
     warm = [replace(r, max_new_tokens=min(4, r.max_new_tokens)) for r in reqs]
     # its progress shows while it prefills (minutes at 16k), not when every prompt is cached already
-    show = show_progress and not all(engine.has_prefix(r.prompt_ids[:-1]) for r in reqs)
+    show = show_progress and not all(engine.has_prefix(cached_prefix(r)) for r in reqs)
     generate(cfg.decoder, {**cfg.decoder_args, **points[0]}, engine, warm, params, cfg.batch_size,
              "tuning warm-up (prefill)", show)
     rng = random.Random(params.seed)
