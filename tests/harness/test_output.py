@@ -129,6 +129,23 @@ def test_progress_goes_to_stderr(capsys):
     assert out == "" and "decoding" in err
 
 
+def test_progress_in_a_log_is_a_line_every_interval_and_one_at_the_end(capsys, monkeypatch):
+    """Outside a terminal a redrawn bar shows only when finished: a long prefill would be silent."""
+    from aspire_bench import progress
+    now = [100.0]
+    monkeypatch.setattr(progress, "_clock", lambda: now[0])
+    with TokenProgress(16, "prefill") as bar:
+        for t in (10, 20, 31, 40, 95):  # seconds since the start at which a request finishes
+            now[0] = 100.0 + t
+            bar.advance(1)
+        now[0] = 100.0 + 130
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["prefill 3/16 0 tok/s 0:00:31", "prefill 5/16 0 tok/s 0:01:35", "prefill 5/16 0 tok/s 0:02:10"]
+    with TokenProgress(4, "quiet", disable=True) as bar:
+        bar.advance(4)
+    assert capsys.readouterr().err == ""
+
+
 def test_info_lines_leave_json_stdout_clean(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
     tables.info("stored run 1", "json")

@@ -101,6 +101,15 @@ def test_resume_runs_only_the_missing_cells(random_tiny, tmp_path):
     assert run_sweep(three, db, show_progress=False, cell_fn=fake_cell).ran == 3 and len(stored(db)) == 6
 
 
+def test_a_sweep_in_a_log_prints_a_line_per_cell(random_tiny, tmp_path, capsys):
+    """stderr here is not a terminal (a CI log): a redrawn bar would show only when the sweep ends."""
+    sw = expand(tiny_spec(random_tiny, decoders=["ar", "vegas", "aspire"]))
+    run_sweep(sw, tmp_path / "p.db", cell_fn=fake_cell)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("sweep ")]
+    assert [ln.split()[2] for ln in lines] == ["1/3", "2/3", "3/3"]
+    assert all("0 failed" in ln and "[ok]" in ln for ln in lines), lines
+
+
 def test_failed_cells_are_stored_and_the_sweep_goes_on(random_tiny, tmp_path):
     db = tmp_path / "f.db"
     spec = tiny_spec(random_tiny, contexts=["1k", "64k"], decoders=["ar", {"name": "aspire", "args": {"bogus": 1}}])
