@@ -3,8 +3,9 @@
 The torch reference's many small ops per row and layer are dominated by dispatch on a CPU.
 `csrc/cpu_attention.cpp` runs one OpenMP work item per (row, KV head) that reads each key and value
 once for every query of the group, with an online softmax; captured scores reuse the attention
-call's log-sum-exp, so they cost a pass over K only. It covers fp32 with a head dim that is a
-multiple of 16 up to 256; prefill chunks and other dtypes go to the torch reference. The library is
+call's log-sum-exp, so they cost a pass over K only. It covers an fp32 or a bf16 KV pool (bf16 keys
+and values are widened as they are loaded; queries, scores and output in fp32) with a head dim that
+is a multiple of 16 up to 256; prefill chunks and other dtypes go to the torch reference. The library is
 built on first use with the system C++ compiler into a per-user cache and loaded only if its content
 hash matches the one recorded at build time (docs/kernels.md).
 """
@@ -60,9 +61,11 @@ def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int
 def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.aspire_attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
+    for attention in (lib.aspire_attention, lib.aspire_attention_bf16):
+        attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
+        attention.restype = ctypes.c_int
     lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-    lib.aspire_attention.restype = lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = ctypes.c_int
+    lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = ctypes.c_int
     return lib
 
 
@@ -132,6 +135,7 @@ class CpuAttention:
         """`library`: another build of the kernel, opened by `_open` (default: this machine's, load_library)."""
         lib = library or load_library()
         self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
+        self._by_pool = {torch.float32: lib.aspire_attention, torch.bfloat16: lib.aspire_attention_bf16}
         self._addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._attention, self._reduce_scores))
         self._ref = TorchAttention()
         self._kept = torch.empty(0, dtype=torch.float32)
@@ -193,15 +197,16 @@ class CpuAttention:
                           _int64(cap_desc).reshape(-1, 9), _int64(qsel or [0]), out_sizes, sbuf_size)
 
     @staticmethod
-    def _covers(q: torch.Tensor) -> bool:
+    def _covers(q: torch.Tensor, pool_dtype: torch.dtype = torch.float32) -> bool:
         d = q.shape[-1]
-        return q.dtype == torch.float32 and q.device.type == "cpu" and d % 16 == 0 and d <= 256
+        return (q.dtype in (torch.float32, torch.bfloat16) and pool_dtype in (torch.float32, torch.bfloat16)
+                and q.device.type == "cpu" and d % 16 == 0 and d <= 256)
 
     def layer_calls(self, meta: AttentionMeta, q: torch.Tensor, num_layers: int) -> LayerCalls | None:
         """The kernel calls of every layer of this forward, or None when a row goes to the torch
         reference at some layer (a prefill chunk) or the kernel does not cover q: the caller then
         calls `attend` layer by layer."""
-        if not self._covers(q):
+        if q.dtype != torch.float32 or not self._covers(q):  # the compiled dense path: fp32 only
             return None
         plans = [self._plan(layer, meta, q.shape[1]) for layer in range(num_layers)]
         if any(p.rest or not p.rows.shape[0] for p in plans):
@@ -221,12 +226,13 @@ class CpuAttention:
         return LayerCalls(_int64(table), *self._addresses, scores, [plans, kept, lse])
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
-        if not self._covers(q):
+        if not self._covers(q, k_cache.dtype) or v_cache.dtype != k_cache.dtype:
             return self._ref.attend(layer, q, k_cache, v_cache, meta)
         d = q.shape[-1]
         if not (q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError("the CPU attention kernel needs contiguous q and per-layer K/V caches")
         plan = self._plan(layer, meta, q.shape[1])
+        dtype, q = q.dtype, q.float()  # a bf16 model's queries: widened (T x Hq x D, small beside the KV)
         out = torch.empty_like(q)
         hq, (hkv, cap, _) = q.shape[1], k_cache.shape
         threads = torch.get_num_threads()
@@ -234,7 +240,7 @@ class CpuAttention:
         lse = torch.empty(q.shape[:2], dtype=torch.float32) if capture else None
         kept = self._kept_buffer(plan.kept_scores) if capture else None
         if plan.rows.shape[0]:
-            rc = self._attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            rc = self._by_pool[k_cache.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                                  lse.data_ptr() if capture else None, kept.data_ptr() if capture else None,
                                  plan.rows.data_ptr(), plan.rows.shape[0], plan.idx.data_ptr(), hq, hkv, d, cap,
                                  meta.scale, threads)
@@ -251,9 +257,9 @@ class CpuAttention:
             captures = plan.split_scores(scores)
         for i in plan.rest:
             row = meta.rows[i]
-            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
-                                           meta)
+            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n].to(dtype), k_cache,
+                                                 v_cache, row, meta)
             out[row.q_start:row.q_start + row.n] = o
             if row_scores is not None:
                 captures[i] = row_scores
-        return out, captures
+        return out.to(dtype), captures

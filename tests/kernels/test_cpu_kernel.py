@@ -160,10 +160,37 @@ def test_layers_with_their_own_views_of_one_size_share_the_row_layout():
 
 
 def test_other_dtypes_and_head_dims_use_the_reference():
-    for dtype, d in ((torch.bfloat16, 32), (torch.float32, 24)):
+    for dtype, d in ((torch.float16, 32), (torch.float32, 24)):
         q, k, v, rows = make_batch([(1, 40, None), (3, 30, 0.5)], 4, 2, d, dtype, seed=SEED)
         (ref, _), (out, _) = run_both(q, k, v, rows, d)
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (16, 2, 256)])
+def test_a_bf16_pool_matches_the_fp32_reference(hq, hkv, d):
+    """A bf16 model's KV pool: the kernel widens each key and value exactly and computes in fp32, so it
+    equals the fp32 reference on the same (bf16-valued) inputs up to the output's rounding to bf16;
+    captured scores (fp32) as tightly as an fp32 pool's. Prefill chunks still go to the reference."""
+    seed = SEED + 31 * hq + d
+    q, k, v, rows = make_batch(MIXED, hq, hkv, d, torch.bfloat16, seed=seed)
+    capture_at_layer0(rows[1], (0, -1), TOKEN_MEAN)  # Vegas's capture, on a verify row
+    capture_at_layer0(rows[2], (0,), PAGE_MAX_SUM)  # ASPIRE's, on a sparse draft row (full at layer 0)
+    rows[2].sparse, rows[2].sparse_pos = None, None
+    ref, ref_caps = kernel_cases.TorchAttention().attend(0, q.float(), k.float(), v.float(), kernel_cases.meta_of(rows, d))
+    meta = kernel_cases.meta_of(rows, d)
+    out, caps = CpuAttention().attend(0, q, k, v, meta)
+    assert meta.backend_cache.get("cpu_plans"), "the bf16 pool went to the reference, not the kernel"
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    kernel_rows = sum(r.n for r in rows[:-1])  # the last row, a prefill chunk, goes to the reference (bf16)
+    got, want = out[:kernel_rows].float(), ref[:kernel_rows].to(torch.bfloat16).float()
+    # the fp32 result rounded once: equal but where it lies on a rounding boundary (one ulp then; near
+    # zero, where fp32's own error is the larger, that error)
+    assert (got - want).abs().le(want.abs() * 2 ** -7 + want.abs().max() * 1e-5).all(), f"seed {seed}"
+    assert got.eq(want).float().mean() >= 0.99, f"seed {seed}"
+    assert rel_err(out[kernel_rows:], ref[kernel_rows:]) <= 2 ** -7, f"seed {seed}"
+    assert sorted(caps) == [1, 2]
+    for i in (1, 2):
+        assert rel_err(caps[i], ref_caps[i]) <= 1e-5, f"seed {seed}, row {i}"
 
 
 def test_capture_on_sparse_layer_is_refused():

@@ -10,8 +10,9 @@
 // verification, leaves its stream to the hardware) so the KV stream overlaps the arithmetic. The
 // chunks of a row merge by their log-sum-exp.
 //
-// Layouts (fp32, contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D];
-// k, v [Hkv, cap, D] (one layer of the pool);
+// Layouts (contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D] fp32;
+// k, v [Hkv, cap, D] (one layer of the pool), fp32 (aspire_attention) or bf16 (aspire_attention_bf16:
+// each key and value widened to fp32 as it is loaded, all arithmetic in fp32);
 // rows [R, 8] int64: q_start, n, base, start, idx_off, idx_len (-1 = full view [base, base+start+n)),
 // cap_mask (bit i: keep token i's scores, in sbuf from cap_base on; n < 64), cap_base.
 // lse [T, Hq] (optional): log2 of each query's softmax normaliser, in log2-scaled score units.
@@ -70,6 +71,21 @@ static_assert(ROW_PAD % (NB_MULTI * VL) == 0 && ROW_PAD % BK_MAX == 0, "a score 
 inline int64_t padded(int64_t L) { return (L + ROW_PAD - 1) / ROW_PAD * ROW_PAD; }
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
+// A bf16 K or V row (the upper half of an fp32's bits): widened exactly, two instructions per vector
+// (zero-extend, shift), so a bf16 pool streams half the bytes for the same arithmetic.
+typedef uint16_t bf16;
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+inline vf load(const bf16* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  const vi w = __builtin_convertvector(h, vi) << 16;
+  vf x;
+  std::memcpy(&x, &w, sizeof x);
+  return x;
+}
+// Elements of a K/V row per 64-byte cache line: one prefetch each.
+template <class T>
+constexpr int64_t LINE = 64 / sizeof(T);
 // A loaded vector kept in a register for its several uses (the compiler would fold the load into
 // each multiply-add instead: one load per use, and the loads, not the multiply-adds, set the pace).
 inline vf in_register(vf x) { __asm__("" : "+x"(x)); return x; }
@@ -187,11 +203,13 @@ inline vf exp2_neg(vf x) {
   return dead ? splat(0.f) : p * scale;
 }
 
-// One work item: a chunk [j_begin, j_end) of one (row, KV head)'s keys for all its queries.
+// One work item: a chunk [j_begin, j_end) of one (row, KV head)'s keys for all its queries; T: the
+// pool's element (float or bf16).
+template <class T>
 struct Item {
   const float* q;
-  const float* kh;  // this KV head's keys and values in the pool
-  const float* vh;
+  const T* kh;  // this KV head's keys and values in the pool
+  const T* vh;
   float* sbuf;
   const int64_t* idx;
   int64_t q_start, n, base, idx_off, cap_mask, cap_base, L, nq, hq, g, kvh, D;
@@ -201,12 +219,13 @@ struct Item {
 
 // Per-item running state: scaled queries, online-softmax max m and sum l, accumulators, the block's
 // probabilities, its K and V rows and (transposed scores) its K block transposed to [D][BK].
+template <class T>
 struct State {
   float *qs, *acc, *p, *m, *l, *kt;
-  const float* krow[BK_MAX];
-  const float* vrow[BK_MAX];
+  const T* krow[BK_MAX];
+  const T* vrow[BK_MAX];
   int64_t j0, jb;
-  const float* pf[2 * BK_MAX];  // K and V rows of the block prefetched during this one's arithmetic
+  const T* pf[2 * BK_MAX];  // K and V rows of the block prefetched during this one's arithmetic
   int64_t npf, groups;
 };
 
@@ -222,8 +241,8 @@ struct State {
 // is loaded once per two queries, and no key is checked: the block's rows past its end point at its
 // first row, and their scores are masked (on a Zen 4 a decode row's arithmetic 27% less, one
 // draft's verification 18%, than with per-key checks and a load per query).
-template <int ND, int NB, int QB, bool DOT>
-inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
+template <class T, int ND, int NB, int QB, bool DOT>
+inline void group_block(const Item<T>& it, State<T>& st, int64_t q0, int64_t gidx) {
   constexpr int BK = NB * VL;
   const int64_t nd = ND > 0 ? ND : it.D / VL;
   const int64_t D = nd * VL;
@@ -246,10 +265,10 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
       for (int b = 0; b < NB; ++b) {
         if (u0 == 0)  // this group's share of the next block's K rows, spread over the first pass
           for (int64_t r = b * VL * st.groups + gidx, r_end = (b + 1) * VL * st.groups; r < r_end && r < st.npf; r += st.groups)
-            for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
+            for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r] + c);
         vf r[UMAX][VL];
         for (int t = 0; t < VL; ++t) {
-          const float* kr = st.krow[b * VL + t];
+          const T* kr = st.krow[b * VL + t];
           for (int64_t c = 0; c < nd; ++c) {
             const vf kv = in_register(load(kr + c * VL));
             for (int u = 0; u < UMAX; ++u)
@@ -263,7 +282,7 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   // this group's share of the next block's K rows, needed first (by the next block's scores); issued
   // before the score loop: inside it they cost 15%
   for (int64_t r = gidx; !DOT && r < st.npf; r += st.groups)
-    for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r] + c);
+    for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r] + c);
   // scores in tiles of KT key vectors, so the tile's accumulators, its K vectors and a broadcast
   // query element fit the registers (else accumulators spill and chain through memory every step)
   constexpr int KT = score_tile(QB, NB);
@@ -317,9 +336,9 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
   // whole groups of VL keys: the masked keys' probabilities are 0 and their rows (padding) readable
   for (int64_t j8 = 0; j8 < vis_max; j8 += VL) {
     for (int64_t r = j8 * st.groups + gidx, r_end = (j8 + VL) * st.groups; r < r_end && r < st.npf; r += st.groups)
-      for (int64_t c = 0; c < D; c += 16) __builtin_prefetch(st.pf[2 * r + 1] + c);  // V rows, used last, during P·V
+      for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r + 1] + c);  // V rows, used last, during P·V
     for (int64_t jj = j8; jj < j8 + VL; ++jj) {
-      const float* vr = st.vrow[jj];
+      const T* vr = st.vrow[jj];
       for (int64_t c = 0; c < nd; ++c) {
         const vf vv = in_register(load(vr + c * VL));
         for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
@@ -332,16 +351,16 @@ inline void group_block(const Item& it, State& st, int64_t q0, int64_t gidx) {
 
 // Queries in groups of QMAX (query_group), the rest in one group of
 // exactly the remaining count: no query is padded.
-template <int ND, int NB, int QMAX, bool DOT>
-inline void run_groups(const Item& it, State& st, int64_t nq) {
+template <class T, int ND, int NB, int QMAX, bool DOT>
+inline void run_groups(const Item<T>& it, State<T>& st, int64_t nq) {
   int64_t q0 = 0, gidx = 0;
-  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<ND, NB, QMAX, DOT>(it, st, q0, gidx);
+  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<T, ND, NB, QMAX, DOT>(it, st, q0, gidx);
   if constexpr (QMAX == 4) {
-    if (nq - q0 == 3) group_block<ND, NB, 3, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 2) group_block<ND, NB, 2, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 1) group_block<ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 3) group_block<T, ND, NB, 3, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 2) group_block<T, ND, NB, 2, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, ND, NB, 1, DOT>(it, st, q0, gidx);
   } else if constexpr (QMAX == 2) {
-    if (nq - q0 == 1) group_block<ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, ND, NB, 1, DOT>(it, st, q0, gidx);
   }
 }
 
@@ -359,14 +378,14 @@ constexpr int query_group(int nd, int nb) {
 }
 
 // One chunk of an item in blocks of NB vectors of keys.
-template <int ND, int NB>
-void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
+template <class T, int ND, int NB>
+void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
   constexpr int QMAX = query_group(ND, NB), BK = NB * VL;
   const int64_t D = it.D, nq = it.nq, n = it.n;
   const bool dot = use_dot(nq, it.D);
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(dot ? 0 : D * BK);
-  State st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
+  State<T> st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
   st.groups = (nq + QMAX - 1) / QMAX;
   for (int64_t gi = 0; gi < it.g; ++gi)
     for (int64_t i = 0; i < n; ++i) {
@@ -394,7 +413,7 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
     }
     if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
       for (int64_t jj = 0; jj < st.jb; ++jj)
-        for (int64_t c = 0; c < D; c += 16) {
+        for (int64_t c = 0; c < D; c += LINE<T>) {
           __builtin_prefetch(st.krow[jj] + c);
           __builtin_prefetch(st.vrow[jj] + c);
         }
@@ -421,13 +440,13 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
     if (it.sparse)
       for (int64_t r = pf_end; r < l2_end; ++r) {
         const int64_t pos = it.idx[it.idx_off + r];
-        for (int64_t c = 0; c < D; c += 16) {
+        for (int64_t c = 0; c < D; c += LINE<T>) {
           __builtin_prefetch(it.kh + pos * D + c, 0, 1);
           __builtin_prefetch(it.vh + pos * D + c, 0, 1);
         }
       }
     else  // one contiguous span of K and one of V
-      for (int64_t c = (it.base + pf_end) * D, c_end = (it.base + l2_end) * D; c < c_end; c += 16) {
+      for (int64_t c = (it.base + pf_end) * D, c_end = (it.base + l2_end) * D; c < c_end; c += LINE<T>) {
         __builtin_prefetch(it.kh + c, 0, 1);
         __builtin_prefetch(it.vh + c, 0, 1);
       }
@@ -441,9 +460,9 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
     if (dot)
-      run_groups<ND, NB, QMAX, true>(it, st, nq);
+      run_groups<T, ND, NB, QMAX, true>(it, st, nq);
     else
-      run_groups<ND, NB, QMAX, false>(it, st, nq);
+      run_groups<T, ND, NB, QMAX, false>(it, st, nq);
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
     if (part) {  // a chunk of a split row: unnormalised, merged by merge_parts
@@ -460,15 +479,16 @@ void attend_chunk(const Item& it, int64_t j_begin, int64_t j_end, float scale, f
 }
 
 // A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
-template <int ND>
-void attend_item(const Item& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse, float* part) {
-  if (it.n == 1) attend_chunk<ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
-  else attend_chunk<ND, NB_MULTI>(it, j_begin, j_end, scale, out, lse, part);
+template <class T, int ND>
+void attend_item(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse, float* part) {
+  if (it.n == 1) attend_chunk<T, ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
+  else attend_chunk<T, ND, NB_MULTI>(it, j_begin, j_end, scale, out, lse, part);
 }
 
 // The chunks of one split (row, KV head), each [acc (nq x D), m (nq), l (nq)], merged by their
 // log-sum-exp: weights 2^(m_c - M) with M the largest max.
-void merge_parts(const Item& it, const float* parts, int64_t chunks, float* out, float* lse) {
+template <class T>
+void merge_parts(const Item<T>& it, const float* parts, int64_t chunks, float* out, float* lse) {
   const int64_t nq = it.nq, D = it.D, stride = nq * (D + 2);
   for (int64_t qi = 0; qi < nq; ++qi) {
     float M = -INFINITY;
@@ -532,9 +552,12 @@ extern "C" int aspire_vector_width() { return VL; }
 
 constexpr int64_t MIN_CHUNK = 1024;  // keys: below this a split costs more in merging than it gains
 
-extern "C" int aspire_attention(const float* q, const float* k, const float* v, float* out,
-                                float* lse, float* sbuf, const int64_t* rows, int64_t num_rows, const int64_t* idx, int64_t hq,
-                                int64_t hkv, int64_t d, int64_t cap, float scale, int num_threads) {
+namespace {
+
+template <class T>
+int attention(const float* q, const T* k, const T* v, float* out, float* lse, float* sbuf, const int64_t* rows,
+              int64_t num_rows, const int64_t* idx, int64_t hq, int64_t hkv, int64_t d, int64_t cap, float scale,
+              int num_threads) {
   if (hkv <= 0 || hq % hkv != 0 || d % VL != 0 || d > 256 || num_threads < 1) return 1;
   const int64_t g = hq / hkv;
   // Rows are split into key chunks when there are too few (row, KV head) pairs to give every thread
@@ -545,13 +568,13 @@ extern "C" int aspire_attention(const float* q, const float* k, const float* v, 
   for (int64_t r = 0; r < num_rows; ++r) work += (rows[r * 8 + 5] >= 0 ? rows[r * 8 + 5] : rows[r * 8 + 3] + rows[r * 8 + 1]);
   int64_t clen = work * hkv / (4 * num_threads);
   clen = (clen < MIN_CHUNK ? MIN_CHUNK : clen + BK_MAX - 1) / BK_MAX * BK_MAX;  // whole blocks of either size
-  std::vector<Item> items;
+  std::vector<Item<T>> items;
   std::vector<int64_t> item_chunk, item_begin, item_end, part_off, merge_items;
   int64_t part_size = 0;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t* row = rows + r * 8;
     for (int64_t kvh = 0; kvh < hkv; ++kvh) {
-      Item it{q, k + kvh * cap * d, v + kvh * cap * d, sbuf, idx, row[0], row[1], row[2], row[4], row[6], row[7],
+      Item<T> it{q, k + kvh * cap * d, v + kvh * cap * d, sbuf, idx, row[0], row[1], row[2], row[4], row[6], row[7],
               row[5] >= 0 ? row[5] : row[3] + row[1], g * row[1], hq, g, kvh, d, row[5] >= 0};
       const int64_t chunks = (it.L - it.n) / clen > 1 ? (it.L - it.n) / clen : 1;
       if (chunks > 1) merge_items.push_back(static_cast<int64_t>(items.size()));
@@ -573,10 +596,10 @@ extern "C" int aspire_attention(const float* q, const float* k, const float* v, 
     for (int64_t i = 0; i < n_items; ++i) {
       float* part = item_chunk[i] >= 0 ? parts.data() + part_off[i] : nullptr;
       switch (d) {
-#define CASE(D) case D: attend_item<D / VL>(items[i], item_begin[i], item_end[i], scale, out, lse, part); break;
+#define CASE(D) case D: attend_item<T, D / VL>(items[i], item_begin[i], item_end[i], scale, out, lse, part); break;
         CASE(16) CASE(32) CASE(64) CASE(128)
 #undef CASE
-        default: attend_item<0>(items[i], item_begin[i], item_end[i], scale, out, lse, part);
+        default: attend_item<T, 0>(items[i], item_begin[i], item_end[i], scale, out, lse, part);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -588,6 +611,21 @@ extern "C" int aspire_attention(const float* q, const float* k, const float* v, 
     }
   }
   return 0;
+}
+
+}  // namespace
+
+// Attention over an fp32 pool, and over a bf16 one (q and out fp32 in both).
+extern "C" int aspire_attention(const float* q, const float* k, const float* v, float* out, float* lse, float* sbuf,
+                                const int64_t* rows, int64_t num_rows, const int64_t* idx, int64_t hq, int64_t hkv,
+                                int64_t d, int64_t cap, float scale, int num_threads) {
+  return attention(q, k, v, out, lse, sbuf, rows, num_rows, idx, hq, hkv, d, cap, scale, num_threads);
+}
+
+extern "C" int aspire_attention_bf16(const float* q, const bf16* k, const bf16* v, float* out, float* lse,
+                                     float* sbuf, const int64_t* rows, int64_t num_rows, const int64_t* idx, int64_t hq,
+                                     int64_t hkv, int64_t d, int64_t cap, float scale, int num_threads) {
+  return attention(q, k, v, out, lse, sbuf, rows, num_rows, idx, hq, hkv, d, cap, scale, num_threads);
 }
 
 // crows [C, 9] int64: q_start, n, L, cap_mask, cap_base (as in the attention call), sel_off, nsel,
