@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -63,6 +64,10 @@ constexpr int score_tile(int qb, int nb) {
   return kt;
 }
 constexpr float LOG2E = 1.4426950408889634f;
+#ifndef ASPIRE_WIDEN_QUERIES
+#define ASPIRE_WIDEN_QUERIES 2
+#endif
+constexpr int64_t WIDEN_QUERIES = ASPIRE_WIDEN_QUERIES;  // see attend_chunk
 
 // The length of a captured token's score row: keys rounded up to a multiple of 64, whole blocks on
 // every build (the caller sizes the buffer with the same rule).
@@ -219,11 +224,13 @@ struct Item {
 
 // Per-item running state: scaled queries, online-softmax max m and sum l, accumulators, the block's
 // probabilities, its K and V rows and (transposed scores) its K block transposed to [D][BK].
-template <class T>
+// R: the element of the rows the arithmetic reads (krow, vrow): the pool's own, or fp32 where a bf16
+// block is widened once into scratch (attend_chunk).
+template <class T, class R = T>
 struct State {
   float *qs, *acc, *p, *m, *l, *kt;
-  const T* krow[BK_MAX];
-  const T* vrow[BK_MAX];
+  const R* krow[BK_MAX];
+  const R* vrow[BK_MAX];
   int64_t j0, jb;
   const T* pf[2 * BK_MAX];  // K and V rows of the block prefetched during this one's arithmetic
   int64_t npf, groups;
@@ -241,8 +248,8 @@ struct State {
 // is loaded once per two queries, and no key is checked: the block's rows past its end point at its
 // first row, and their scores are masked (on a Zen 4 a decode row's arithmetic 27% less, one
 // draft's verification 18%, than with per-key checks and a load per query).
-template <class T, int ND, int NB, int QB, bool DOT>
-inline void group_block(const Item<T>& it, State<T>& st, int64_t q0, int64_t gidx) {
+template <class T, class R, int ND, int NB, int QB, bool DOT>
+inline void group_block(const Item<T>& it, State<T, R>& st, int64_t q0, int64_t gidx) {
   constexpr int BK = NB * VL;
   const int64_t nd = ND > 0 ? ND : it.D / VL;
   const int64_t D = nd * VL;
@@ -268,7 +275,7 @@ inline void group_block(const Item<T>& it, State<T>& st, int64_t q0, int64_t gid
             for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r] + c);
         vf r[UMAX][VL];
         for (int t = 0; t < VL; ++t) {
-          const T* kr = st.krow[b * VL + t];
+          const R* kr = st.krow[b * VL + t];
           for (int64_t c = 0; c < nd; ++c) {
             const vf kv = in_register(load(kr + c * VL));
             for (int u = 0; u < UMAX; ++u)
@@ -338,7 +345,7 @@ inline void group_block(const Item<T>& it, State<T>& st, int64_t q0, int64_t gid
     for (int64_t r = j8 * st.groups + gidx, r_end = (j8 + VL) * st.groups; r < r_end && r < st.npf; r += st.groups)
       for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r + 1] + c);  // V rows, used last, during P·V
     for (int64_t jj = j8; jj < j8 + VL; ++jj) {
-      const T* vr = st.vrow[jj];
+      const R* vr = st.vrow[jj];
       for (int64_t c = 0; c < nd; ++c) {
         const vf vv = in_register(load(vr + c * VL));
         for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
@@ -351,16 +358,16 @@ inline void group_block(const Item<T>& it, State<T>& st, int64_t q0, int64_t gid
 
 // Queries in groups of QMAX (query_group), the rest in one group of
 // exactly the remaining count: no query is padded.
-template <class T, int ND, int NB, int QMAX, bool DOT>
-inline void run_groups(const Item<T>& it, State<T>& st, int64_t nq) {
+template <class T, class R, int ND, int NB, int QMAX, bool DOT>
+inline void run_groups(const Item<T>& it, State<T, R>& st, int64_t nq) {
   int64_t q0 = 0, gidx = 0;
-  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<T, ND, NB, QMAX, DOT>(it, st, q0, gidx);
+  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<T, R, ND, NB, QMAX, DOT>(it, st, q0, gidx);
   if constexpr (QMAX == 4) {
-    if (nq - q0 == 3) group_block<T, ND, NB, 3, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 2) group_block<T, ND, NB, 2, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 1) group_block<T, ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 3) group_block<T, R, ND, NB, 3, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 2) group_block<T, R, ND, NB, 2, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, R, ND, NB, 1, DOT>(it, st, q0, gidx);
   } else if constexpr (QMAX == 2) {
-    if (nq - q0 == 1) group_block<T, ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, R, ND, NB, 1, DOT>(it, st, q0, gidx);
   }
 }
 
@@ -377,15 +384,19 @@ constexpr int query_group(int nd, int nb) {
   return nd == 0 ? 1 : 4 * nb <= TILE && 4 * nd <= TILE ? 4 : 2 * nb <= TILE && 2 * nd <= TILE ? 2 : 1;
 }
 
-// One chunk of an item in blocks of NB vectors of keys.
-template <class T, int ND, int NB>
-void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
-                  float* part) {
+// One chunk of an item in blocks of NB vectors of keys, its arithmetic reading rows of R.
+template <class T, class R, int ND, int NB>
+void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
+                     float* part) {
   constexpr int QMAX = query_group(ND, NB), BK = NB * VL;
   const int64_t D = it.D, nq = it.nq, n = it.n;
   const bool dot = use_dot(nq, it.D);
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(dot ? 0 : D * BK);
-  State<T> st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
+  State<T, R> st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0};
+  constexpr bool widen = !std::is_same_v<T, R>;
+  std::vector<float> wide(widen ? 2 * BK * D : 0);  // a widened block: its K rows, then its V rows
+  const T* kp[BK_MAX];  // the block's K and V rows in the pool
+  const T* vp[BK_MAX];
   st.groups = (nq + QMAX - 1) / QMAX;
   for (int64_t gi = 0; gi < it.g; ++gi)
     for (int64_t i = 0; i < n; ++i) {
@@ -399,24 +410,40 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
     st.jb = j_end - j0 < BK ? j_end - j0 : BK;
     if (it.sparse)
       for (int64_t jj = 0; jj < st.jb; ++jj) {
-        st.krow[jj] = it.kh + it.idx[it.idx_off + j0 + jj] * D;
-        st.vrow[jj] = it.vh + it.idx[it.idx_off + j0 + jj] * D;
+        kp[jj] = it.kh + it.idx[it.idx_off + j0 + jj] * D;
+        vp[jj] = it.vh + it.idx[it.idx_off + j0 + jj] * D;
       }
     else
       for (int64_t jj = 0; jj < st.jb; ++jj) {
-        st.krow[jj] = it.kh + (it.base + j0 + jj) * D;
-        st.vrow[jj] = it.vh + (it.base + j0 + jj) * D;
+        kp[jj] = it.kh + (it.base + j0 + jj) * D;
+        vp[jj] = it.vh + (it.base + j0 + jj) * D;
+      }
+    if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
+      for (int64_t jj = 0; jj < st.jb; ++jj)
+        for (int64_t c = 0; c < D; c += LINE<T>) {
+          __builtin_prefetch(kp[jj] + c);
+          __builtin_prefetch(vp[jj] + c);
+        }
+    if constexpr (widen)  // each key and value widened once, however many queries read it
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
+        float* kw = wide.data() + jj * D;
+        float* vw = wide.data() + (BK + jj) * D;
+        for (int64_t c = 0; c < nd; ++c) {
+          store(kw + c * VL, load(kp[jj] + c * VL));
+          store(vw + c * VL, load(vp[jj] + c * VL));
+        }
+        st.krow[jj] = kw;
+        st.vrow[jj] = vw;
+      }
+    else
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
+        st.krow[jj] = kp[jj];
+        st.vrow[jj] = vp[jj];
       }
     for (int64_t jj = st.jb; jj < BK; ++jj) {  // past the end: readable rows whose scores are masked
       st.krow[jj] = st.krow[0];
       st.vrow[jj] = st.vrow[0];
     }
-    if (j0 == j_begin)  // the chunk's first block: no earlier block prefetched it (short rows: -4 to -13%)
-      for (int64_t jj = 0; jj < st.jb; ++jj)
-        for (int64_t c = 0; c < D; c += LINE<T>) {
-          __builtin_prefetch(st.krow[jj] + c);
-          __builtin_prefetch(st.vrow[jj] + c);
-        }
     // the next block into L1, spread over this block's arithmetic (further ahead, lines fall out of L1
     // before they are used). Not for a full row scored by dot products (a decode step, a verification
     // of one draft): with so little arithmetic per key the hardware's prefetchers keep its stream
@@ -460,9 +487,9 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
     if (dot)
-      run_groups<T, ND, NB, QMAX, true>(it, st, nq);
+      run_groups<T, R, ND, NB, QMAX, true>(it, st, nq);
     else
-      run_groups<T, ND, NB, QMAX, false>(it, st, nq);
+      run_groups<T, R, ND, NB, QMAX, false>(it, st, nq);
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
     if (part) {  // a chunk of a split row: unnormalised, merged by merge_parts
@@ -476,6 +503,18 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
     for (int64_t e = 0; e < D; ++e) out[h * D + e] = st.acc[qi * D + e] * inv;
     if (lse) lse[h] = st.m[qi] + std::log2(st.l[qi]);
   }
+}
+
+// A bf16 pool's block is widened into fp32 scratch first when more than two queries read it: the
+// scores read each K row once per pair of queries and P·V each V row once per group of four, and each
+// such read of a bf16 row widens it again.
+template <class T, int ND, int NB>
+void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
+                  float* part) {
+  if (!std::is_same_v<T, float> && it.nq > WIDEN_QUERIES)
+    attend_chunk_as<T, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+  else
+    attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
 }
 
 // A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
