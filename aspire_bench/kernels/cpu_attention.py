@@ -3,11 +3,10 @@
 The torch reference's many small ops per row and layer are dominated by dispatch on a CPU.
 `csrc/cpu_attention.cpp` runs one OpenMP work item per (row, KV head) that reads each key and value
 once for every query of the group, with an online softmax; captured scores reuse the attention
-call's log-sum-exp, so they cost a pass over K only. It covers an fp32 or a bf16 KV pool (bf16 keys
-and values are widened as they are loaded; queries, scores and output in fp32) with a head dim that
-is a multiple of 16 up to 256; prefill chunks and other dtypes go to the torch reference. The library is
-built on first use with the system C++ compiler into a per-user cache and loaded only if its content
-hash matches the one recorded at build time (docs/kernels.md).
+call's log-sum-exp, so they cost a pass over K only. It covers fp32 and bf16 KV pools (widened on
+load) with a head dim a multiple of 16 up to 256; prefill chunks and other dtypes go to torch. The
+library is built on first use with the system C++ compiler into a per-user cache and loaded only if
+its content hash matches the one recorded at build time (docs/kernels.md).
 """
 from __future__ import annotations
 
