@@ -17,13 +17,10 @@ _clock = time.monotonic
 
 class TokenProgress:
     def __init__(self, total: int, label: str, disable: bool = False):
-        self._console = stderr_console()
-        self._lines = not disable and not self._console.is_terminal
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[rate]} tok/s"), TimeElapsedColumn(),
-                           transient=False, disable=disable or self._lines, console=self._console)
+        self._p, self._lines = stderr_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                          TextColumn("{task.fields[rate]} tok/s"), TimeElapsedColumn(),
+                                          disable=disable)
         self._task = self._p.add_task(label, total=total, rate="-")
-        self._label, self._total, self._done = label, total, 0
         self._start = self._logged = 0.0
 
     def __enter__(self):
@@ -38,7 +35,6 @@ class TokenProgress:
 
     def advance(self, n: int) -> None:
         self._p.advance(self._task, n)
-        self._done += n
         task = self._p.tasks[self._task]
         if task.elapsed:
             self._p.update(self._task, rate=f"{task.completed / task.elapsed:,.0f}")
@@ -49,12 +45,25 @@ class TokenProgress:
 
     def _line(self, now: float) -> None:
         self._logged = now
-        elapsed = now - self._start
-        rate = f"{self._done / elapsed:,.0f}" if elapsed > 0 else "-"
-        self._console.print(f"{self._label} {self._done}/{self._total} {rate} tok/s "
-                            f"{timedelta(seconds=round(elapsed))}", highlight=False, soft_wrap=True, markup=False)
+        task, elapsed = self._p.tasks[self._task], now - self._start
+        rate = f"{task.completed / elapsed:,.0f}" if elapsed > 0 else "-"
+        log_line(self._p, f"{task.description} {task.completed:g}/{task.total:g} {rate} tok/s "
+                          f"{timedelta(seconds=round(elapsed))}")
 
 
 def stderr_console() -> Console:
     """Progress and status output: stderr, so `aspire-bench ... > out.md` and `| tee` get results only."""
     return Console(stderr=True)
+
+
+def stderr_bar(*columns, disable: bool) -> tuple[Progress, bool]:
+    """A rich bar on stderr, and whether its owner prints plain lines (log_line) instead: stderr is not
+    a terminal, where a redrawn bar shows only once finished."""
+    console = stderr_console()
+    lines = not disable and not console.is_terminal
+    return Progress(*columns, transient=False, disable=disable or lines, console=console), lines
+
+
+def log_line(bar: Progress, text: str) -> None:
+    """One plain progress line on the bar's console (no markup: labels may hold brackets)."""
+    bar.console.print(text, highlight=False, soft_wrap=True, markup=False)

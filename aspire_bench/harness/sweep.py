@@ -289,17 +289,14 @@ class _CellProgress:
     terminal (a CI log), where a redrawn bar shows only once finished, a line per cell instead."""
 
     def __init__(self, name: str, total: int, done: int, disable: bool):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        from ..progress import stderr_console
-        self._console = stderr_console()
-        self._lines = not disable and not self._console.is_terminal
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("cells  {task.fields[failed]} failed  last: {task.fields[last]}"),
-                           TimeElapsedColumn(), disable=disable or self._lines, console=self._console)
+        from ..progress import stderr_bar
+        self._p, self._lines = stderr_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                          TextColumn("cells  {task.fields[failed]} failed  last: {task.fields[last]}"),
+                                          TimeElapsedColumn(), disable=disable)
         self._task = self._p.add_task(f"sweep {name}", total=total, completed=done, failed=0, last="-")
         self._failed = 0
-        self._name, self._total, self._done = name, total, done
 
     def __enter__(self):
         self._p.__enter__()
@@ -309,9 +306,10 @@ class _CellProgress:
         return self._p.__exit__(*exc)
 
     def advance(self, cell: Cell, rec: RunRecord) -> None:
+        from ..progress import log_line
         self._failed += rec.status != "ok"
-        self._done += 1
-        if self._lines:
-            self._console.print(f"sweep {self._name} {self._done}/{self._total} cells  {self._failed} failed  "
-                                f"last: {cell.label()} [{rec.status}]", highlight=False, soft_wrap=True, markup=False)
         self._p.update(self._task, advance=1, failed=self._failed, last=f"{cell.label()} [{rec.status}]")
+        if self._lines:
+            t = self._p.tasks[self._task]
+            log_line(self._p, f"{t.description} {t.completed:g}/{t.total:g} cells  {self._failed} failed  "
+                              f"last: {t.fields['last']}")

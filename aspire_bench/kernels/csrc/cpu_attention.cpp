@@ -511,10 +511,9 @@ void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float sc
 template <class T, int ND, int NB>
 void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
-  if (!std::is_same_v<T, float> && it.nq > WIDEN_QUERIES)
-    attend_chunk_as<T, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
-  else
-    attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+  if constexpr (!std::is_same_v<T, float>)
+    if (it.nq > WIDEN_QUERIES) return attend_chunk_as<T, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+  attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
 }
 
 // A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
