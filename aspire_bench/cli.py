@@ -535,7 +535,11 @@ def calibrate_command(model, dtype, device, attention_backend, batch_size, conte
                + (f" + {fit.beta_sparse * 1e9:.3f} ns/KV position read scattered through a sparse view"
                   if fit.beta_sparse else " (sparse-view term not significant)")
                + (f" + {fit.beta_capture * 1e9:.3f} ns/KV position whose scores a row captured"
-                  if fit.beta_capture else " (capture term not significant)"))
+                  if fit.beta_capture else " (capture term not significant)")
+               + (f"; Vegas's steps: {fit.beta_layered * 1e9:.3f} ns/KV position read through per-layer views"
+                  if fit.beta_layered is not None else "")
+               + (f", {fit.beta_topk * 1e9:.3f} ns/token score captured for a top-k"
+                  if fit.beta_topk is not None else ""))
     from .decoders.scheduler import fit_problem
     problem = fit_problem(fit)
     if problem:

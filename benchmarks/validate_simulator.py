@@ -2,12 +2,13 @@
 
     python -m benchmarks.validate_simulator --store S [--calibration C.json] [--json out.json]
     python -m benchmarks.validate_simulator --store S --steps | --without beta_capture
-    python -m benchmarks.validate_simulator --store S --projection [--hardware cpu-measured]
+    python -m benchmarks.validate_simulator --store S --projection [--hardware cpu-measured | calibrated]
 
 Per run: measured and simulated decode tok/s and their error, and for speculative runs the ratio
 over the group's AR run; a row passes within ±10% (ASPIRE's ratio within ±5%; docs/simulator.md).
 Step costs: the run's stored calibration unless --calibration is given. `--steps` adds the cost
-model's error per kind of step; `--without TERM` refits the stored calibrations without that term.
+model's error per kind of step; `--without TERM` refits the stored calibrations without that term
+(`--without beta_layered,beta_topk`: Vegas's steps priced as by a calibration made before those terms).
 `--projection` checks the projection instead of the replay: each run becomes a parametric
 simulation (its model's shape on the --hardware roofline, or with `--hardware calibrated` the step
 costs its own machine timed in the run, and its context, batch, request count, output
@@ -22,9 +23,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from aspire_bench.decoders.scheduler import EXTRA_TERMS, fit_cost_model
+from aspire_bench.decoders.scheduler import EXTRA_TERMS, SHAPED_TERMS, fit_cost_model
 from aspire_bench.errors import UserError
-from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_sparse
+from aspire_bench.harness.records import ROW_COLUMNS, row_kv_captured, row_kv_shaped, row_kv_sparse
 from aspire_bench.harness.store import Store
 from aspire_bench.simulator.rows import speedups, stored_cost, stored_rows
 
@@ -46,16 +47,17 @@ def refitted(store, without):
                 if not cal.get("samples"):
                     raise UserError(f"run {record.run_id} kept no calibration samples: --without needs a store "
                                     "made by `aspire-bench bench` since the samples are kept")
-                info[key] = {**cal, **fit_cost_model(cal["samples"], without=without).to_dict(),
+                kept = {k: v for k, v in cal.items() if k not in SHAPED_TERMS}  # absent from a fit without them
+                info[key] = {**kept, **fit_cost_model(cal["samples"], without=without).to_dict(),
                              "source": cal.get("source", key)}
         return stored_cost(store, replace(record, info=info), None)
     return cost
 
 
-def projected_rows(store, ids, hardware: str) -> list[dict]:
+def projected_rows(store, ids, hardware: str, without=()) -> list[dict]:
     """Rows as stored_rows gives them, each run simulated as a projection of its own setting: its
-    model on the `hardware` roofline (or, for "calibrated", its own stored calibration), the
-    acceptance it measured per request, its decoder settings."""
+    model on the `hardware` roofline (or, for "calibrated", its own stored calibration, refitted
+    without the terms `without` when given), the acceptance it measured per request, its settings."""
     from statistics import median
 
     from aspire_bench.harness.metrics import decode_tok_s
@@ -71,7 +73,7 @@ def projected_rows(store, ids, hardware: str) -> list[dict]:
         rec = store.get_run(rid)
         c = rec.config
         dtype = c.get("dtype") if c.get("dtype") in DTYPE_BYTES else None
-        cost = (stored_cost(store, rec, None) if hw is None else
+        cost = ((refitted(store, without) or (lambda r: stored_cost(store, r, None)))(rec) if hw is None else
                 Roofline(hw, ModelShape.load(str(model_config_path(c["model"])), dtype)))
         table = measured_acceptance(store, [rid]) if rec.requests and any(r.verifications for r in rec.requests) else {}
         context = int(median(r.prompt_len for r in rec.requests))
@@ -94,7 +96,7 @@ def validate(store_path: str, decoders, calibration: str | None = None, without=
         ids = [s["run_id"] for s in store.list_runs(kind="measured")
                if s["status"] == "ok" and s["decoder"] in decoders]
         if projection:
-            rows = projected_rows(store, ids, projection)
+            rows = projected_rows(store, ids, projection, without)
         else:
             rows, _ = stored_rows(store, ids, calibration, refitted(store, without))
     for r in rows:
@@ -126,7 +128,7 @@ def step_kinds(store_path: str, decoders, calibration: str | None = None, withou
                 acc = by_kind.setdefault(key, [0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += step.t_end - step.t_start
-                acc[2] += cost.step_time([(r[kind], r[n], r[kv], row_kv_sparse(r), row_kv_captured(r))
+                acc[2] += cost.step_time([(r[kind], r[n], r[kv], row_kv_sparse(r), row_kv_captured(r), *row_kv_shaped(r))
                                           for r in step.rows])
             for key, (count, measured, model) in sorted(by_kind.items()):
                 out.append({"run_id": record.run_id, "decoder": s["decoder"], "context": record.config.get("context_len"),
@@ -171,16 +173,18 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware", default="cpu-measured",
                     help=f"the roofline of --projection, or {CALIBRATED!r}: each run's own stored calibration, the "
                          "step costs timed on its machine (default: %(default)s)")
-    ap.add_argument("--without", default="", help=f"comma-separated terms to refit without ({', '.join(EXTRA_TERMS)})")
+    terms = EXTRA_TERMS + SHAPED_TERMS
+    ap.add_argument("--without", default="", help=f"comma-separated terms to refit without ({', '.join(terms)})")
     a = ap.parse_args(argv)
     decoders = [d for d in a.decoders.split(",") if d]
     without = tuple(t for t in a.without.split(",") if t)
-    if set(without) - set(EXTRA_TERMS):
-        ap.error(f"--without takes {', '.join(EXTRA_TERMS)}, not {a.without!r}")
+    if set(without) - set(terms):
+        ap.error(f"--without takes {', '.join(terms)}, not {a.without!r}")
     if without and a.calibration:
         ap.error("--without refits each run's stored calibrations: leave out --calibration")
-    if a.projection and (without or a.calibration or a.steps):
-        ap.error("--projection prices every step with --hardware's roofline: leave out --calibration, --without, --steps")
+    if a.projection and (a.calibration or a.steps or (without and a.hardware != CALIBRATED)):
+        ap.error("--projection prices every step with --hardware's roofline or each run's calibration: leave out "
+                 f"--calibration and --steps (and --without but with --hardware {CALIBRATED})")
     try:
         rows = validate(a.store, decoders, a.calibration, without, a.hardware if a.projection else None)
     except UserError as e:

@@ -66,6 +66,8 @@ class RowTrace:
     kv_read: int = 0  # KV positions attended per layer (full: context length; sparse: view size)
     kv_sparse: int = 0  # the part of kv_read gathered scattered through a sparse view (ForwardOutput.kv_sparse)
     kv_captured: int = 0  # KV positions whose scores the row captured (ForwardOutput.kv_captured)
+    kv_layered: int = 0  # the part of kv_sparse read through views that differ per layer (loop.shaped_reads)
+    kv_topk: int = 0  # the part of kv_captured captured as per-token scores for a top-k (loop.shaped_reads)
 
 
 @dataclass

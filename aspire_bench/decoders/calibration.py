@@ -25,22 +25,27 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_text
-from ..engine import PAGE_MAX_SUM, Capture, Engine, PageView, Row, TokenView
+from ..engine import PAGE_MAX_SUM, TOKEN_MEAN, Capture, Engine, LayerTokenView, PageView, Row, TokenView
 from ..errors import ConfigError
 from .base import DECODE, DRAFT, PAPER_SAMPLING, VERIFY
+from .loop import shaped_reads
 from .magicdec import MagicDecSettings
 from .sampler import Sampler, logits_to_probs
-from .scheduler import DEFAULT_COST, CostModel, CostSample, fit_cost_model, fit_problem, qk_term
+from .scheduler import DEFAULT_COST, SHAPED_TERMS, CostModel, CostSample, fit_cost_model, fit_problem, qk_term
 from .selection import (
     MIN_PAGES,
     PAGE_RATIO,
     RECENT_PAGES,
     page_budget,
     random_pages,
+    random_tokens,
     select_pages,
     streaming_positions,
+    token_budget,
+    top_tokens,
 )
 from .state import RequestState
+from .vegas import VegasSettings
 
 # The shortest context a run's automatic calibration is timed at: shorter steps are mostly fixed cost,
 # and the grid at 4k takes seconds.
@@ -50,11 +55,17 @@ WINDOW = (MagicDecSettings.sinks, MagicDecSettings.budget)
 # The grid's verify rows: these numbers of drafts (+ 1 tokens). Every count up to 4 because that is
 # where decoders verify most and where a CPU kernel changes method (a step in the cost, not a slope).
 DRAFTS = (1, 2, 3, 4, 8, 16)
+# The grid's Vegas verifications (beta_topk): these numbers of drafts, around its default gamma.
+VEGAS_DRAFTS = (2, 8)
+# The grid's Vegas drafts (beta_layered): one step for each of these numbers of positions its views add
+# to each layer's selection (those written since its verification), as across a cycle of drafts. Cheap
+# steps, and several, since a draft's share of the step is small next to a timing's noise.
+VEGAS_SINCE = (1, 3, 5)
 
 
 # A calibration's coefficients (scheduler.CostModel): the three every fit has, and the terms a CPU adds.
 REQUIRED_TERMS = ("beta0", "beta_tok", "beta_attn")
-OPTIONAL_TERMS = ("beta_qk", "beta_sparse", "beta_multi", "beta_capture")
+OPTIONAL_TERMS = ("beta_qk", "beta_sparse", "beta_multi", "beta_capture", *SHAPED_TERMS)
 # What save_calibration adds to a calibration file: the engine it was timed on.
 ENGINE_KEYS = ("model", "device", "dtype", "backend", "page_size")
 # A calibration's own entries in its JSON beside the cost model's coefficients (written only when set).
@@ -158,14 +169,16 @@ def last_level_cache_bytes(device: torch.device) -> int:
 
 
 def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: torch.Tensor
-               ) -> tuple[float, list[tuple[int, int, int]]]:
-    """(seconds, each row's KV read, the part of it scattered through a sparse view and the positions
-    whose scores it captured, as the engine reports them). A step is timed as the decoding loop runs
+               ) -> tuple[float, list[tuple[int, int, int, int, int]]]:
+    """(seconds, each row's KV read, the part of it scattered through a sparse view, the positions whose
+    scores it captured, as the engine reports them, and their Vegas-shaped parts, loop.shaped_reads). A
+    step is timed as the decoding loop runs
     it: the forward pass, then the host work on its output, which is part of every step's cost: the
     run's Sampler on every row (under the paper's sampling setting: a draw for each one-token row,
     the rejection sampling of each verify row's drafts, against rows of `stand_in` as their draft
-    distributions, so that some are rejected as in decoding), and for each one-token row that captured
-    page scores the next draft's page selection (ASPIRE's default budget)."""
+    distributions, so that some are rejected as in decoding), for each one-token row that captured
+    page scores the next draft's page selection (ASPIRE's default budget), and for each row that captured
+    token scores the top-k per layer of Vegas's default budget (VegasPolicy.scores)."""
     t0 = time.perf_counter()
     out = engine.forward(rows)
     us = torch.rand(sum(row.n for row in rows), generator=gen).tolist()  # in one call, as a request draws them
@@ -182,7 +195,14 @@ def _time_step(engine: Engine, rows: list[Row], gen: torch.Generator, stand_in: 
             n_pages = -(-(row.start + 1) // engine.page_size)
             select_pages(out.captures.get(i, {}).get(row.capture.layers[0]), n_pages,
                          page_budget(n_pages, PAGE_RATIO, MIN_PAGES), RECENT_PAGES)
-    return time.perf_counter() - t0, list(zip(out.kv_read, out.kv_sparse, out.kv_captured))
+        elif row.capture is not None and row.capture.reduce == TOKEN_MEAN:
+            scores, length = out.captures.get(i, {}), row.start
+            k = token_budget(length, VegasSettings.ratio, VegasSettings.min_tokens)
+            if scores and k < length:
+                top_tokens(torch.stack([scores[li][:length] for li in row.capture.layers]), length, k)
+    counts = zip(rows, out.kv_read, out.kv_sparse, out.kv_captured)
+    return time.perf_counter() - t0, [(kv, sparse, captured, *shaped_reads(row.view, row.capture, sparse, captured))
+                                      for row, kv, sparse, captured in counts]
 
 
 def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, ratios=(0.07, 0.25, 1.0),
@@ -195,13 +215,13 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     rows read pages scattered as a real draft's are, at the page `ratios` (a scattered position costs
     more than a contiguous one), and (unless `window` is None) a (sinks, positions) sink + window view.
     Steps are timed at context / 4 and context (at one length beta_qk and beta_tok are inseparable),
-    page drafts and verify rows with and without the refresh layer's score capture (beta_capture).
-    The grid and why: docs/decoders.md, "Where the cost model comes from".
+    page drafts and verify rows with and without the refresh layer's score capture (beta_capture), and
+    Vegas's steps (VEGAS_DRAFTS; beta_layered, beta_topk). The grid and why: docs/decoders.md.
     """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)  # the draws of the timed host work
     stand_in = logits_to_probs(torch.randn(16, engine.cfg.vocab_size, generator=gen) * 4, PAPER_SAMPLING)
-    d_max = max(drafts)
+    d_max = max(*drafts, *VEGAS_DRAFTS)
     engine.reserve(batch_size * (context + d_max + engine.page_size))
     # A step's time does not depend on what the KV holds: random values instead of a prefill keep a
     # calibration to seconds (the KV is read in full all the same). Only the slots' own positions:
@@ -228,6 +248,12 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
     # it stands for, so the fit weighs the kinds of step as the whole grid does (at half the timing).
     point_of = [(length, n_verify, d if n_verify else drafts[0], kind if n_verify < batch_size else draft_views[0])
                 for length, n_verify, d, kind in grid]
+    # and Vegas's steps, of all rows verifying (scores at every layer, then the top-k) or all drafting
+    # through per-layer token views (its lockstep runs no other): priced apart (SHAPED_TERMS), once each
+    vegas = [(length, n_verify, d, "vegas") for length in lengths  # d: a draft's VEGAS_SINCE
+             for n_verify, d in [*((0, s) for s in VEGAS_SINCE), *((batch_size, d) for d in VEGAS_DRAFTS)]]
+    grid += vegas
+    point_of += vegas
     points = list(dict.fromkeys(point_of))
     steps = []  # (length, rows) per distinct step
     for length, n_verify, d, kind in points:
@@ -235,15 +261,23 @@ def calibrate(engine: Engine, batch_size: int, context: int, drafts=DRAFTS, rati
         # way round at the other length, and none (MagicDec's) at the rest: both kinds occur in decoding,
         # and with every verify row capturing the capture's cost would move in step with the KV they read.
         verify_capture = (Capture((r,), (0, -1), PAGE_MAX_SUM)
-                          if (lengths.index(length) + drafts.index(d)) % 2 == 0 else None)
+                          if kind != "vegas" and (lengths.index(length) + drafts.index(d)) % 2 == 0 else None)
         uncaptured = isinstance(kind, tuple)
         ratio = kind[1] if uncaptured else kind
         n_pages = -(-length // engine.page_size)
-        budget = n_pages if kind == "window" else page_budget(n_pages, ratio, 1)
+        budget = n_pages if kind in ("window", "vegas") else page_budget(n_pages, ratio, 1)
         win = streaming_positions(length, *window) if kind == "window" else None
+        k = token_budget(length - d, VegasSettings.ratio, VegasSettings.min_tokens)  # (Vegas's drafts)
         rows = []
         for j, slot in enumerate(slots):
-            if j < n_verify:
+            if kind == "vegas" and n_verify:
+                rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
+                                capture=Capture(tuple(range(engine.cfg.num_layers)), (0, -1), TOKEN_MEAN)))
+            elif kind == "vegas":  # each layer's own top-k of the prefix, then the positions since
+                since = torch.arange(length - d, length).expand(engine.cfg.num_layers, -1)
+                sel = random_tokens(length - d, k, engine.cfg.num_layers, gen)
+                rows.append(Row(slot, [rng.randrange(100)], length, view=LayerTokenView(torch.cat((sel, since), 1))))
+            elif j < n_verify:
                 rows.append(Row(slot, [rng.randrange(100)] * (d + 1), length, logits="all",
                                 capture=verify_capture))
             elif win is not None:  # a window draft (MagicDec's): no refresh layer, no page scores

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from ..engine import Capture, Engine, Row, TokenView, scattered_positions
+from ..engine import TOKEN_MEAN, Capture, Engine, LayerTokenView, Row, TokenView, scattered_positions
 from ..engine.batch import View
 from ..errors import ConfigError
 from .base import (
@@ -118,14 +118,16 @@ class Policy:
         return []
 
     # --- what a planned row reads, without running it (the simulator prices rows with these) ---------
-    def reads(self, plan: Plan) -> tuple[int, int, int]:
+    def reads(self, plan: Plan) -> tuple[int, int, int, int, int]:
         """(KV positions read per layer, of which scattered through a sparse view, positions whose
-        scores it captures) of a planned row, as the engine counts them (ForwardOutput)."""
+        scores it captures, kv_layered, kv_topk) of a planned row, as the engine and the loop count them
+        (ForwardOutput, shaped_reads)."""
         seq = plan.seq
         n = len(seq.pending) + 1 if plan.kind == VERIFY else 1
         prefix = seq.context_len - 1 + (0 if plan.kind == VERIFY else len(seq.pending))
         kv, scattered = self.draft_reads(plan, prefix) if plan.kind == DRAFT else (prefix + n, 0)
-        return kv, scattered, self.captured(plan, n, prefix + n)
+        captured = self.captured(plan, n, prefix + n)
+        return kv, scattered, captured, *shaped_reads(plan.view, plan.capture, scattered, captured)
 
     def draft_reads(self, plan: Plan, prefix: int) -> tuple[int, int]:
         """(KV read, of which scattered) of a draft row over `prefix` positions, its own token included:
@@ -143,6 +145,13 @@ class Policy:
             return 0
         queries = len({q % n for q in c.queries})
         return round(queries * kv * len(c.layers) / self.num_layers)
+
+
+def shaped_reads(view, capture: Capture | None, sparse: int, captured: int) -> tuple[int, int]:
+    """(kv_layered, kv_topk) of a row (RowTrace): its scattered read when its view differs per layer, its
+    captured positions when it captures per-token scores (Vegas's, whose top-k per layer follows)."""
+    per_layer = isinstance(view, (list, LayerTokenView))
+    return (sparse if per_layer else 0), (captured if capture is not None and capture.reduce == TOKEN_MEAN else 0)
 
 
 # --- commit and one step: the same for every method ------------------------------------------------
@@ -197,6 +206,7 @@ def run_step(engine: Engine, policy: Policy, sampler: Sampler, seqs: list[Reques
     trace = StepTrace(0, t0, t1)
     for i, (p, (tok, a)) in enumerate(zip(plans, picks, strict=True)):
         seq, reads = p.seq, {"kv_read": out.kv_read[i], "kv_sparse": out.kv_sparse[i], "kv_captured": out.kv_captured[i]}
+        reads["kv_layered"], reads["kv_topk"] = shaped_reads(p.view, p.capture, out.kv_sparse[i], out.kv_captured[i])
         if p.kind == DECODE:
             rt = RowTrace(seq.req.id, DECODE, 1, commit(seq, [tok], t1, eos), **reads)
         elif p.kind == DRAFT:
@@ -379,7 +389,9 @@ def _admit(engine: Engine, policy: Policy, sampler: Sampler, slot_size: int, i: 
         committed = commit(seq, [tok], t1, params.eos_token_ids) if last else 0
         steps.append(StepTrace(len(steps), t0, t1, [RowTrace(req.id, PREFILL, end - start, committed,
                                                            kv_read=out.kv_read[0],
-                                                           kv_captured=out.kv_captured[0])]))
+                                                           kv_captured=out.kv_captured[0],
+                                                           kv_topk=shaped_reads(None, row.capture, 0,
+                                                                                out.kv_captured[0])[1])]))
     if not restored and len(ids) > 1:
         engine.save_prefix(slot, ids[:-1])
     if capture:

@@ -1,7 +1,7 @@
 """ASPIRE's per-request online scheduler (Algorithm 1) and its batch-aware cost model. Pure."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import NamedTuple
 
@@ -18,6 +18,9 @@ EXTRA_MIN_T = 3.0
 EXTRA_TERMS = ("beta_qk", "beta_multi", "beta_sparse", "beta_capture")
 # Candidate numbers of a row's queries that ride free on its KV read (see CostModel.qk_free).
 QK_FREE = (0, 1, 2, 3, 4, 6, 8)
+# The terms of Vegas-shaped work (per-layer token views, token scores at every layer and their top-k),
+# fitted apart on the steps that do it (None in a model fitted without such steps: priced as before).
+SHAPED_TERMS = ("beta_layered", "beta_topk")
 
 
 def qk_term(rows, free: int = 0) -> float:
@@ -41,6 +44,18 @@ def capture_term(rows) -> float:
     """Sum over rows (tokens, KV positions read, of which scattered, captured) of the KV positions whose
     scores they captured (0 for rows without the fourth element)."""
     return float(sum(r[3] for r in rows if len(r) > 3))
+
+
+def layered_term(rows) -> float:
+    """Sum over rows (tokens, KV read, scattered, captured, layered[, topk]) of the scattered positions read
+    through views that differ per layer (0 for rows without the fifth element)."""
+    return float(sum(r[4] for r in rows if len(r) > 4))
+
+
+def topk_term(rows) -> float:
+    """Sum over rows (tokens, KV read, scattered, captured, layered, topk) of the captured positions whose
+    per-token scores a top-k per layer is selected from (0 for rows without the sixth element)."""
+    return float(sum(r[5] for r in rows if len(r) > 5))
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -97,7 +112,7 @@ def update_alpha(alpha: float, accepted: int, drafted: int, omega: float = 0.8,
 class CostSample(NamedTuple):
     """One timed step, what the cost model is fitted on: its tokens, KV positions read (summed over
     rows), the query x KV term (qk_term), its seconds, and each row's (tokens, KV read[, of which
-    scattered[, captured]]) (None in calibrations stored before rows were kept)."""
+    scattered[, captured[, layered, topk]]]) (None in calibrations stored before rows were kept)."""
     tokens: float
     kv_read: float
     qk: float
@@ -128,10 +143,10 @@ class CostModel:
     + beta_sparse * KV positions read scattered through sparse views
     + beta_multi * KV positions read by rows of more than qk_free tokens
     + beta_capture * KV positions whose attention scores rows captured.
-
     The paper's model has the first three terms; the others price what a CPU adds: verify queries past
     those that ride free on a row's KV read, the head of each scattered run, the kernel's change of
-    method past qk_free queries, the refresh layer's score capture (why: docs/decoders.md, "Cost model").
+    method past qk_free queries, the refresh layer's score capture; beta_layered and beta_topk (when not
+    None) Vegas's positions in place of beta_sparse and beta_capture (docs/decoders.md, "Cost model").
     """
 
     beta0: float
@@ -144,21 +159,30 @@ class CostModel:
     beta_sparse: float = 0.0
     beta_multi: float = 0.0
     beta_capture: float = 0.0
+    beta_layered: float | None = None
+    beta_topk: float | None = None
 
     def step_time(self, n_tokens: float, kv_read: float, qk: float = 0.0, sparse: float = 0.0,
-                  multi: float = 0.0, captured: float = 0.0) -> float:
+                  multi: float = 0.0, captured: float = 0.0, layered: float = 0.0, topk: float = 0.0) -> float:
         """`qk`: the query x KV feature of the step's rows, qk_term(rows, self.qk_free); `sparse`: their
         KV read scattered through views, sparse_term(rows); `multi`: multi_term(rows, self.qk_free);
-        `captured`: the positions whose scores they captured, capture_term(rows)."""
-        return (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
-                + self.beta_sparse * sparse + self.beta_multi * multi + self.beta_capture * captured)
+        `captured`: the positions whose scores they captured, capture_term(rows); `layered` and `topk`:
+        the parts of `sparse` and `captured` that are Vegas-shaped (layered_term, topk_term)."""
+        t = (self.beta0 + self.beta_tok * n_tokens + self.beta_attn * kv_read + self.beta_qk * qk
+             + self.beta_sparse * sparse + self.beta_multi * multi + self.beta_capture * captured)
+        if self.beta_layered is not None:
+            t += (self.beta_layered - self.beta_sparse) * layered
+        if self.beta_topk is not None:
+            t += (self.beta_topk - self.beta_capture) * topk
+        return t
 
     def rows_time(self, rows) -> float:
-        """The time of a step of these rows, each (tokens, KV positions read[, of which sparse[, captured]])."""
+        """The time of a step of these rows, each (tokens, KV positions read[, of which sparse[, captured[,
+        layered, topk]]])."""
         rows = list(rows)
         return self.step_time(sum(r[0] for r in rows), sum(r[1] for r in rows), qk_term(rows, self.qk_free),
                               sparse_term(rows), multi_term(rows, self.qk_free) if self.beta_multi else 0.0,
-                              capture_term(rows))
+                              capture_term(rows), layered_term(rows), topk_term(rows))
 
     def _uniform_time(self, batch: int, n: int, kv: float, sparse: float = 0.0, captured: float = 0.0) -> float:
         """rows_time of `batch` rows of n tokens reading kv positions each (`sparse` of them through a
@@ -185,16 +209,19 @@ class CostModel:
         return t_draft, t_verify
 
     def to_dict(self) -> dict:
+        """The coefficients; beta_layered and beta_topk only when fitted (absent: priced as before them)."""
+        shaped = {k: getattr(self, k) for k in SHAPED_TERMS if getattr(self, k) is not None}
         return {"beta0": self.beta0, "beta_tok": self.beta_tok, "beta_attn": self.beta_attn,
                 "beta_qk": self.beta_qk, "qk_free": self.qk_free, "beta_sparse": self.beta_sparse,
-                "beta_multi": self.beta_multi, "beta_capture": self.beta_capture, "source": self.source,
+                "beta_multi": self.beta_multi, "beta_capture": self.beta_capture, **shaped, "source": self.source,
                 "r2": self.r2}
 
     @classmethod
     def from_dict(cls, d: dict, source: str) -> CostModel:
+        shaped = {k: float(d[k]) for k in SHAPED_TERMS if d.get(k) is not None}
         return cls(float(d["beta0"]), float(d["beta_tok"]), float(d["beta_attn"]), float(d.get("beta_qk", 0.0)),
                    source, d.get("r2"), int(d.get("qk_free", 0)), float(d.get("beta_sparse", 0.0)),
-                   float(d.get("beta_multi", 0.0)), float(d.get("beta_capture", 0.0)))
+                   float(d.get("beta_multi", 0.0)), float(d.get("beta_capture", 0.0)), **shaped)
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -249,14 +276,19 @@ def fit_cost_model(samples: list, source: str = "fit", terms: str = "auto", with
     qk_free when the samples have rows), the multi-query term at the same qk_free (rows only, qk_free >= 1),
     the sparse and the capture term, each kept only when significant (t >= EXTRA_MIN_T and positive); of
     those fits the one with the highest R^2, one with the multi-query step only if it explains
-    significantly more (F >= EXTRA_MIN_T^2). `without`: extra terms (EXTRA_TERMS) left out of every
-    candidate fit. `fit_problem` says whether the fit may be used. Why: docs/decoders.md, "Cost model".
+    significantly more (F >= EXTRA_MIN_T^2); steps of Vegas-shaped work then fit SHAPED_TERMS (_fit_shaped).
+    `without`: terms (EXTRA_TERMS, SHAPED_TERMS) left out. Checked by `fit_problem`; docs/decoders.md.
     """
     if terms not in ("auto", "paper"):
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
-    if set(without) - set(EXTRA_TERMS):
-        raise ValueError(f"terms that can be left out are {', '.join(EXTRA_TERMS)}, not {sorted(set(without))}")
+    if set(without) - set(EXTRA_TERMS) - set(SHAPED_TERMS):
+        raise ValueError(f"terms that can be left out are {', '.join(EXTRA_TERMS + SHAPED_TERMS)}, "
+                         f"not {sorted(set(without))}")
     norm = [CostSample.of(s) for s in samples]
+    generic = [s for s in norm if not _shaped(s)]
+    if generic and len(generic) < len(norm):
+        model = fit_cost_model(generic, source, terms, without)
+        return model if model is None or terms == "paper" else _fit_shaped(model, norm, without)
     y = np.array([s.seconds for s in norm])
     base = np.array([[1.0, s.tokens, s.kv_read] for s in norm])
     with_rows = all(s.rows is not None for s in norm)
@@ -303,6 +335,28 @@ def fit_cost_model(samples: list, source: str = "fit", terms: str = "auto", with
     return stepped
 
 
+def _shaped(sample: CostSample) -> bool:
+    """Whether a timed step did Vegas-shaped work (layered_term or topk_term of its rows above 0)."""
+    return bool(sample.rows) and (layered_term(sample.rows) > 0 or topk_term(sample.rows) > 0)
+
+
+def _fit_shaped(model: CostModel, samples: list[CostSample], without=()) -> CostModel:
+    """`model` (fitted on the steps without Vegas-shaped work) with SHAPED_TERMS fitted on the steps with
+    it: non-negative least squares, through zero, of what `model` leaves of their times once their
+    shaped positions are taken out of the generic terms. A term no step exercises stays None."""
+    shaped = [s for s in samples if _shaped(s)]
+    names = [k for k, term in zip(SHAPED_TERMS, (layered_term, topk_term))
+             if k not in without and any(term(s.rows) > 0 for s in shaped)]
+    if not names:
+        return model
+    columns = {"beta_layered": layered_term, "beta_topk": topk_term}
+    X = np.array([[columns[k](s.rows) for k in names] for s in shaped])
+    generic = replace(model, beta_layered=0.0, beta_topk=0.0)
+    y = np.array([s.seconds - generic.rows_time(s.rows) for s in shaped])
+    beta = np.clip(_nonnegative_lstsq(X, y)[0], 0.0, None)
+    return replace(model, **{k: float(b) for k, b in zip(names, beta)})
+
+
 def _improvement(simpler: CostModel, richer: CostModel, n: int, params: int) -> float:
     """F statistic of the richer fit's reduction of the residual over the simpler's. A step at qk_free
     = f' with a slope after it matches a slope from f < f' wherever the samples have no row of f + 1
@@ -314,8 +368,8 @@ def _improvement(simpler: CostModel, richer: CostModel, n: int, params: int) -> 
 
 def fit_problem(model: CostModel) -> str | None:
     """Why a fitted cost model must not be used, or None when it may."""
-    negative = [k for k in ("beta0", "beta_tok", "beta_attn", *EXTRA_TERMS)
-                if getattr(model, k) < 0]
+    negative = [k for k in ("beta0", "beta_tok", "beta_attn", *EXTRA_TERMS, *SHAPED_TERMS)
+                if (getattr(model, k) or 0.0) < 0]
     if negative:
         return f"negative coefficient(s) {', '.join(f'{k}={getattr(model, k):.3g}' for k in negative)}"
     if model.r2 is None or model.r2 < MIN_R2:

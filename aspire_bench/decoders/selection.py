@@ -56,6 +56,13 @@ def random_pages(num_pages: int, budget: int, n_recent: int, gen: torch.Generato
     return torch.cat((older.sort().values, torch.arange(num_pages - n_recent, num_pages)))
 
 
+def random_tokens(length: int, k: int, layers: int, gen: torch.Generator) -> torch.Tensor:
+    """A selection shaped like top_tokens' ([layers, k] positions of [0, length), ascending per layer, a
+    different set per layer) drawn at random: what timing a draft through Vegas's views needs."""
+    k = min(k, length)
+    return torch.stack([torch.randperm(length, generator=gen)[:k].sort().values for _ in range(layers)])
+
+
 def token_budget(length: int, ratio: float, min_tokens: int) -> int:
     """Vegas: k = clamp(ceil(ratio * length), min_tokens, length)."""
     return min(length, max(min_tokens, math.ceil(ratio * length)))

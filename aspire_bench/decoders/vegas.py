@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 
 from ..engine import SCATTERED_HEAD, TOKEN_MEAN, Capture, LayerTokenView
+from .base import DRAFT
 from .loop import Decoder, Policy
 from .selection import token_budget, top_tokens
 from .sync import lockstep, record_gamma
@@ -73,6 +74,11 @@ class VegasPolicy(Policy):
             return prefix + 1, 0
         since = prefix - length
         return k + since + 1, k + min(since, SCATTERED_HEAD)
+
+    def reads(self, plan):
+        """As Policy.reads, a draft's scattered read counted as layered (a simulation has no view to tell)."""
+        kv, scattered, captured, _, topk = super().reads(plan)
+        return kv, scattered, captured, scattered if plan.kind == DRAFT else 0, topk
 
     def captured(self, plan, n, kv):
         return 0 if plan.capture is None else len({q % n for q in plan.capture.queries}) * kv  # every layer

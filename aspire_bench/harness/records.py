@@ -63,10 +63,10 @@ def info_sections(info: Mapping) -> dict:
 # What a stored run is: measured by running a decoder, predicted by `aspire-bench simulate`, or a
 # measurement about a model rather than a decoder (`aspire-bench diagnose`).
 RUN_KINDS = ("measured", "simulated", "diagnostic")
-# kv_sparse and kv_captured came later: rows stored before them have the first seven or eight columns
-# (read them with row_kv_sparse and row_kv_captured)
+# kv_sparse, kv_captured, kv_layered and kv_topk came later: rows stored before them have the first seven,
+# eight or nine columns (read them with row_kv_sparse, row_kv_captured and row_kv_shaped)
 ROW_COLUMNS = ("request", "kind", "n_tokens", "committed", "drafted", "accepted", "kv_read", "kv_sparse",
-               "kv_captured")
+               "kv_captured", "kv_layered", "kv_topk")
 
 
 def row_kv_sparse(row) -> int:
@@ -79,6 +79,12 @@ def row_kv_captured(row) -> int:
     """A stored row's KV positions whose scores it captured (ForwardOutput.kv_captured); 0 for a row
     stored before the column existed (such a run is priced without the capture's cost)."""
     return row[8] if len(row) > 8 else 0
+
+
+def row_kv_shaped(row) -> tuple[int, int]:
+    """A stored row's (kv_layered, kv_topk) (RowTrace); (0, 0) for a row stored before the columns
+    existed (such a run's Vegas-shaped work is priced by the generic terms)."""
+    return (row[9], row[10]) if len(row) > 10 else (0, 0)
 
 
 def canonical_json(obj) -> str:
@@ -285,7 +291,7 @@ def from_output(
     steps = [
         StepRecord(s.index, s.t_start - t0, s.t_end - t0, s.n_tokens,
                    [(w.request, w.kind, w.n_tokens, w.committed, w.drafted, w.accepted, w.kv_read, w.kv_sparse,
-                     w.kv_captured)
+                     w.kv_captured, w.kv_layered, w.kv_topk)
                     for w in s.rows])
         for s in output.steps
     ]

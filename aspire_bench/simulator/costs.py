@@ -1,8 +1,8 @@
 """Step-cost models for the simulator: the time of one engine step from the rows it runs.
 
 A row is (kind, tokens it puts through the forward pass, KV positions it attends per layer[, of
-which scattered through a sparse view[, positions whose scores it captured]]), as in a stored run's
-step rows. `CalibratedCost` prices them with this machine's fitted cost model (decoders/scheduler.py
+which scattered through a sparse view[, positions whose scores it captured[, kv_layered, kv_topk]]]), as
+in a stored run's step rows. `CalibratedCost` prices them with this machine's fitted cost model (decoders/scheduler.py
 CostModel). `Roofline` with a hardware profile and a model shape: every weight and each row's KV
 read once, 2 FLOPs per weight per token plus attention's FLOPs, time = max(bytes / bandwidth, FLOPs /
 peak) (their sum where the profile says they do not overlap, a CPU's) + a fixed per-step overhead;
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..decoders.scheduler import CostModel, CostSample, fit_cost_model, qk_term
+from ..decoders.scheduler import SHAPED_TERMS, CostModel, CostSample, fit_cost_model, qk_term
 from ..errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -125,7 +125,7 @@ class CalibratedCost:
         self.model = model
 
     def step_time(self, rows) -> float:
-        return self.model.rows_time(r[1:5] for r in rows)
+        return self.model.rows_time(r[1:7] for r in rows)
 
     def scheduler_model(self, batch: int = 8, context: int = 16384) -> CostModel:
         return self.model
@@ -142,7 +142,8 @@ class CalibratedCost:
         return CalibratedCost(replace(m, beta0=m.beta0 * layers, beta_tok=m.beta_tok * weights,
                                       beta_attn=m.beta_attn * kv, beta_qk=m.beta_qk * qk,
                                       beta_sparse=m.beta_sparse * kv, beta_multi=m.beta_multi * kv,
-                                      beta_capture=m.beta_capture * kv, source=f"{m.source} scaled to {other.name}"))
+                                      beta_capture=m.beta_capture * kv, source=f"{m.source} scaled to {other.name}",
+                                      **{k: getattr(m, k) * kv for k in SHAPED_TERMS if getattr(m, k) is not None}))
 
     def describe(self) -> dict:
         return {"cost_model": "calibration", **self.model.to_dict()}

@@ -77,18 +77,21 @@ class SimPolicy:
 
     def plan(self, seqs: list[RequestState], batch: int) -> list[tuple[RequestState, tuple]]:
         """This step's rows in the policy's order, each (its request, (kind, tokens, KV positions read per
-        layer, of which scattered through a view, positions whose scores it captured))."""
+        layer, of which scattered through a view, positions whose scores it captured, kv_layered, kv_topk))."""
         out = []
         self._captures = {}
         for p in self.policy.plan(seqs, batch):
             seq = p.seq
-            kv, sparse, captured = self.policy.reads(p)
+            kv, sparse, captured, *shaped = self.policy.reads(p)  # a plug-in's reads may give three
+            layered, topk = shaped or (0, 0)
             counted = self._scattered.get(seq.req.id)
             if p.kind == DRAFT and counted:
                 sparse = counted.popleft()
+                layered = sparse if layered else 0
             if p.kind == VERIFY:
                 self._captures[id(seq)] = p.capture is not None
-            out.append((seq, (p.kind, len(seq.pending) + 1 if p.kind == VERIFY else 1, kv, sparse, captured)))
+            out.append((seq, (p.kind, len(seq.pending) + 1 if p.kind == VERIFY else 1, kv, sparse, captured,
+                              layered, topk)))
         return out
 
     def own_forwards(self) -> list[list[tuple]]:

@@ -23,8 +23,8 @@ class SimRequest:
     id: str
     prompt_len: int
     max_new: int  # output tokens, the first one from prefill
-    # (tokens, KV read, positions whose scores it captured) per chunk; [] = free
-    prefill: list[tuple[int, int, int]] = field(default_factory=list)
+    # (tokens, KV read, positions whose scores it captured[, of which for a top-k]) per chunk; [] = free
+    prefill: list[tuple] = field(default_factory=list)
     # tokens of each prefill step of the policy's own model (a draft model's) after the target's
     own_prefill: list[int] = field(default_factory=list)
 
@@ -53,11 +53,13 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
         while waiting and len(active) < batch:
             i, req = waiting.popleft()
             seq = policy.new_sequence(i, req.id, req.prompt_len, req.max_new)
-            for j, (n, kv, captured) in enumerate(req.prefill):
-                t0, t = t, t + cost.step_time([(PREFILL, n, kv, 0, captured)])
+            for j, (n, kv, captured, *topk) in enumerate(req.prefill):
+                topk = topk[0] if topk else 0
+                t0, t = t, t + cost.step_time([(PREFILL, n, kv, 0, captured, 0, topk)])
                 last = j == len(req.prefill) - 1
                 steps.append(StepTrace(len(steps), t0, t, [RowTrace(req.id, PREFILL, n, commit(seq, 1, t) if last
-                                                                    else 0, kv_read=kv, kv_captured=captured)]))
+                                                                    else 0, kv_read=kv, kv_captured=captured,
+                                                                    kv_topk=topk)]))
             if not req.prefill:
                 commit(seq, 1, t)
             for n in req.own_prefill:  # the prompt as one row reading its n positions (not decode time)
@@ -72,8 +74,9 @@ def simulate(requests, policy, acceptance, cost, batch: int, info: dict | None =
         own = sum(own_cost.step_time(fw) for fw in policy.own_forwards()) if own_cost else 0.0
         t0, t = t, t + own + cost.step_time([r for _, r in rows])
         trace = StepTrace(len(steps), t0, t)
-        for seq, (kind, n, kv, sparse, captured) in rows:
-            reads = {"kv_read": kv, "kv_sparse": sparse, "kv_captured": captured}
+        for seq, (kind, n, kv, sparse, captured, layered, topk) in rows:
+            reads = {"kv_read": kv, "kv_sparse": sparse, "kv_captured": captured, "kv_layered": layered,
+                     "kv_topk": topk}
             rid = seq.req.id
             if kind == DRAFT:
                 seq.pending.append(0)

@@ -86,7 +86,8 @@ def requests_of(record: records.RunRecord) -> list[SimRequest]:
             if row[1] == "prefill" and int(row[6]) == 0:
                 own[row[0]].append(int(row[2]))
             elif row[1] == "prefill":
-                prefill[row[0]].append((int(row[2]), int(row[6]), records.row_kv_captured(row)))
+                prefill[row[0]].append((int(row[2]), int(row[6]), records.row_kv_captured(row),
+                                        records.row_kv_shaped(row)[1]))
     return [SimRequest(r.id, r.prompt_len, len(r.output_ids), prefill.get(r.id, []), own.get(r.id, []))
             for r in record.requests]
 

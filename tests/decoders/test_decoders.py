@@ -276,11 +276,14 @@ def test_unknown_decoder_and_setting_messages():
 
 @pytest.mark.real_calibration
 def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
+    from aspire_bench.decoders import calibration
     from aspire_bench.decoders.calibration import calibrate, save_calibration
     res = calibrate(random_engine, batch_size=2, context=256, drafts=(1, 4), ratios=(0.25, 1.0), repeats=1)
     # 2 lengths x 0, 1, 2 verify rows x 2 draft lengths x 3 views (25% pages, none, a sink + window), then
-    # 2 lengths x 2 draft lengths of drafts only through 25% pages that capture no scores
-    assert res.n_samples == 2 * 3 * 2 * 3 + 2 * 2 and res.to_json()["n_samples"] == res.n_samples
+    # 2 lengths x 2 draft lengths of drafts only through 25% pages that capture no scores, then Vegas's:
+    # 2 lengths x (drafts of each VEGAS_SINCE, verifications of each VEGAS_DRAFTS)
+    n_vegas = 2 * (len(calibration.VEGAS_SINCE) + len(calibration.VEGAS_DRAFTS))
+    assert res.n_samples == 2 * 3 * 2 * 3 + 2 * 2 + n_vegas and res.to_json()["n_samples"] == res.n_samples
     # a step of drafts only is the same at both draft lengths, one of verifications only under every view:
     # timed once, its sample in each grid point it stands for
     grid = res.samples
@@ -289,16 +292,25 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
         assert at[0:3] == at[3:6] and at[0] != at[1] != at[2]
         assert at[12] == at[13] == at[14] and at[15] == at[16] == at[17] and at[12] != at[15]
     # tokens, KV read, query x KV, seconds, each row's (tokens, KV read, of which through a view, scores
-    # captured)
+    # captured, of those Vegas-shaped: through per-layer views, token scores for a top-k)
     assert all(len(s) == 5 and sum(r[0] for r in s[4]) == s[0] and sum(r[1] for r in s[4]) == s[1]
                for s in res.samples)
     rows = [r for s in res.samples for r in s[4]]
+    assert all(len(r) == 6 for r in rows)
+    vegas, rows = [r for r in rows if r[4] or r[5]], [r[:4] for r in rows if not (r[4] or r[5])]
     assert all(0 <= sparse < kv for _, kv, sparse, _ in rows)
     assert {sparse > 0 for n, _, sparse, _ in rows if n == 1} == {True, False}  # 25% pages, and no view
     assert all(sparse == 0 for n, _, sparse, _ in rows if n > 1)  # verify rows read the prefix in full
+    # Vegas's drafts: every scattered position through per-layer views, no scores; its verifications:
+    # two queries' token scores at every layer, read in full; the grid's last samples
+    L = random_engine.cfg.num_layers
+    assert all(s[4][0][4] or s[4][0][5] for s in grid[-n_vegas:]) and len(vegas) == 2 * n_vegas
+    assert {(n, layered == sparse > 0, cap, topk) for n, _, sparse, cap, layered, topk in vegas if n == 1} == {
+        (1, True, 0, 0)}
+    assert all(sparse == layered == 0 and topk == cap == 2 * kv and n - 1 in calibration.VEGAS_DRAFTS
+               for n, kv, sparse, cap, layered, topk in vegas if n > 1)
     # drafts through pages capture the refresh layer's scores or not (the same pages: the grid's last
     # points), verify rows two queries' there or none, decode and window rows none
-    L = random_engine.cfg.num_layers
     assert {(n > 1, sparse > 0, cap > 0) for n, _, sparse, cap in rows} == {
         (True, False, True), (True, False, False), (False, True, True), (False, True, False), (False, False, False)}
     assert all(cap in (0, round(2 * kv / L)) for n, kv, _, cap in rows if n > 1)
@@ -308,8 +320,10 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
         assert all(r[3] == 0 for r in uncaptured) and all(r[3] > 0 for r in captured)
     # Timings on a loaded test machine may not fit well; what aspire does with a good fit is checked on
     # a calibration of the same form with exact step times.
-    exact = tuple(s._replace(seconds=1e-3 + 1e-5 * s.tokens + 1e-8 * s.kv_read + 4e-9 * sum(r[2] for r in s.rows)
-                             + 2e-8 * sum(r[3] for r in s.rows)) for s in res.samples)
+    # Vegas's positions at costs of their own: a layered one 9e-9 (not 4e-9), a token score 5e-8 (not 2e-8)
+    exact = tuple(s._replace(seconds=1e-3 + 1e-5 * s.tokens + 1e-8 * s.kv_read
+                             + sum(4e-9 * (r[2] - r[4]) + 9e-9 * r[4] + 2e-8 * (r[3] - r[5]) + 5e-8 * r[5]
+                                   for r in s.rows)) for s in res.samples)
     path = save_calibration(replace(res, samples=exact), random_engine, 2, tmp_path / "fit.json")
     dec = get_decoder("aspire", calibration=str(path), **SPARSE["aspire"])
     out = dec.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
@@ -317,6 +331,8 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
     assert out.info["cost_model"]["beta_attn"] == pytest.approx(1e-8)
     assert out.info["cost_model"]["beta_sparse"] == pytest.approx(4e-9)
     assert out.info["cost_model"]["beta_capture"] == pytest.approx(2e-8)
+    assert out.info["cost_model"]["beta_layered"] == pytest.approx(9e-9)
+    assert out.info["cost_model"]["beta_topk"] == pytest.approx(5e-8)
     online = get_decoder("aspire", calibration="online", online_fit_every=4, **SPARSE["aspire"])
     out = online.generate(random_engine, make_requests()[:2], SamplingParams(), 2)
     assert out.info["cost_model"]["source"] in ("online", "default")
@@ -331,6 +347,7 @@ def test_calibration_fit_is_saved_and_used_by_aspire(random_engine, tmp_path):
 @pytest.mark.real_calibration
 def test_calibration_times_window_drafts(random_engine):
     """The grid's window rows read MagicDec's sink + window view: a draft token, no refresh layer."""
+    from aspire_bench.decoders import calibration
     from aspire_bench.decoders.calibration import calibrate
     kw = {"batch_size": 2, "context": 1024, "drafts": (1,), "ratios": (1.0,), "repeats": 1, "warmup": False}
     res = calibrate(random_engine, window=(4, 100), **kw)
@@ -339,8 +356,9 @@ def test_calibration_times_window_drafts(random_engine):
     # at both lengths (256, 1024): 100 positions of the prefix and the row's own token; of them the 4
     # sinks are scattered, and of the window (one run of 96) its head; no scores captured
     from aspire_bench.engine import SCATTERED_HEAD
-    assert window and all((kv, sparse, cap) == (101, 4 + SCATTERED_HEAD, 0) for _, kv, sparse, cap in window)
-    assert calibrate(random_engine, window=None, **kw).n_samples * 2 == res.n_samples
+    assert window and all(r[1:] == (101, 4 + SCATTERED_HEAD, 0, 0, 0) for r in window)
+    vegas = 2 * (len(calibration.VEGAS_SINCE) + len(calibration.VEGAS_DRAFTS))  # with or without the window
+    assert (calibrate(random_engine, window=None, **kw).n_samples - vegas) * 2 == res.n_samples - vegas
 
 
 @pytest.mark.real_calibration
@@ -387,8 +405,8 @@ def test_calibration_times_steps_cold_with_the_loops_host_work(random_engine, mo
                           warmup=False, window=None)
     steps = [i for i, e in enumerate(events) if e[0] == "step"] + [len(events)]
     # every distinct step (2 lengths x: drafts only, capturing scores and not; 1 or 2 verify rows at each
-    # draft length), an untimed run, then the timed one
-    assert len(steps) - 1 == 2 * 2 * (2 + 2 + 2)
+    # draft length; Vegas's drafts and its verifications of each VEGAS_DRAFTS), an untimed run, then the timed one
+    assert len(steps) - 1 == 2 * 2 * (2 + 2 + 2 + len(calibration.VEGAS_SINCE) + len(calibration.VEGAS_DRAFTS))
     for j in range(len(steps) - 1):
         flushes = [e for e in events[steps[j] + 1:steps[j + 1]] if e == ("flush",)]
         # the flush comes last before each timed step, and only there

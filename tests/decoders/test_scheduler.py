@@ -236,6 +236,56 @@ def test_capture_term_fitted_when_present_and_dropped_when_absent(seed):
     assert m.rows_time(rows) - m.rows_time([r[:3] for r in rows]) == pytest.approx(3025 * m.beta_capture)
 
 
+def _vegas_samples(seed: int, layered: float = 4e-6, topk: float = 2.5e-7, layers: int = 30):
+    """_capture_samples' grid (its steps without Vegas-shaped work), then Vegas's steps as calibrate() times
+    them: at each length all rows drafting through per-layer views of 256 scattered tokens, and all
+    verifying 2 or 8 drafts with two queries' token scores at every layer; Vegas's positions cost
+    `layered` and `topk` each in place of beta_sparse (1e-8) and beta_capture (5e-8), 1% noise."""
+    gen, samples = np.random.default_rng(seed + 1), _capture_samples(5e-8, seed, layers=layers)
+    samples = [(*s[:4], [(*r, 0, 0) for r in s[4]]) for s in samples]
+    for ctx in (1024, 4096):
+        for rows in ([(1, 259, 258, 0, 258, 0)] * 8, *([(d + 1, ctx + d + 1, 0, 2 * (ctx + d + 1), 0,
+                                                          2 * (ctx + d + 1))] * 8 for d in (2, 8))):
+            n, kv = sum(r[0] for r in rows), sum(r[1] for r in rows)
+            t = 0.001 + 5e-5 * n + 2e-8 * kv + sum(layered * r[4] + topk * r[5] for r in rows)
+            samples.append((n, kv, qk_term(rows), t * (1 + 0.01 * gen.standard_normal()), rows))
+    return samples
+
+
+def test_vegas_terms_are_fitted_apart_without_moving_the_others(seed):
+    """beta_layered and beta_topk come from the steps with Vegas-shaped work, after the other terms are
+    fitted on the steps without it: those come out as a fit without Vegas's steps gives them."""
+    samples = _vegas_samples(seed)
+    m = fit_cost_model(samples)
+    assert m.beta_layered == pytest.approx(4e-6, rel=0.1), f"seed {seed}"
+    assert m.beta_topk == pytest.approx(2.5e-7, rel=0.1), f"seed {seed}"
+    generic = fit_cost_model([s for s in samples if not any(r[4] or r[5] for r in s[4])])
+    assert generic.beta_layered is None and generic.beta_topk is None
+    assert replace(m, beta_layered=None, beta_topk=None) == generic
+    assert fit_problem(m) is None and "beta_topk" in fit_problem(replace(m, beta_topk=-1e-9))
+    # left out: priced by the generic terms, as a model fitted before the terms existed
+    assert fit_cost_model(samples, without=("beta_layered", "beta_topk")) == generic
+    assert fit_cost_model(samples, without=("beta_topk",)).beta_topk is None
+    assert fit_cost_model(samples, terms="paper").beta_layered is None
+    # a verify row capturing token scores: priced by beta_topk in place of beta_capture
+    verify = [(7, 4103, 0, 8206, 0, 8206)]
+    assert m.rows_time(verify) - generic.rows_time(verify) == pytest.approx(
+        8206 * (m.beta_topk - m.beta_capture))
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict())), "replay") == replace(m, source="replay")
+
+
+def test_a_cost_model_without_vegas_terms_prices_vegas_rows_as_before():
+    """A model stored before beta_layered and beta_topk (no keys) prices rows with the two new counts as
+    it priced their first four; its dict stays as it was."""
+    old = {"beta0": 1e-3, "beta_tok": 1e-4, "beta_attn": 1e-8, "beta_qk": 0.0, "qk_free": 0,
+           "beta_sparse": 5e-9, "beta_multi": 0.0, "beta_capture": 3e-8, "source": "x", "r2": 0.99}
+    m = CostModel.from_dict(old, "x")
+    assert m.beta_layered is None and m.beta_topk is None and m.to_dict() == old
+    rows = [(1, 259, 258, 0, 258, 0), (7, 4103, 0, 8206, 0, 8206)]
+    assert m.rows_time(rows) == m.rows_time([r[:4] for r in rows]) == pytest.approx(
+        1e-3 + 8e-4 + 1e-8 * 4362 + 5e-9 * 258 + 3e-8 * 8206)
+
+
 def test_cycle_prices_price_the_captured_scores_as_rows_time_does():
     """A draft row capturing the refresh layer's scores over the prefix; a verify row of gamma drafts its
     first and last query's (one query at gamma = 0)."""
@@ -334,6 +384,17 @@ def test_a_calibration_round_trips_its_file(engine, tmp_path):
     only_samples.write_text(json.dumps({"samples": stored["samples"]}))
     assert read_calibration(only_samples).fit is None
     assert cost_model_from(read_calibration(only_samples), "calibration") == cal.fit
+    # a file written before Vegas's terms (rows of four counts, no beta_layered or beta_topk) prices a
+    # Vegas verification as it did: its captured scores at beta_capture
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps({**{k: v for k, v in stored.items() if k not in ("beta_layered", "beta_topk")},
+                                  "samples": [[*s[:4], [list(r[:4]) for r in s[4]]] for s in stored["samples"]]}))
+    old = cost_model_from(read_calibration(before), "calibration")
+    assert old.beta_layered is None and old.beta_topk is None
+    verify = [(7, 1030, 0, 2060, 0, 2060)]
+    assert old.rows_time(verify) == old.rows_time([r[:4] for r in verify])
+    assert replace(old, source="c") == replace(cost_model_from(back, "calibration"), source="c")
+    assert CostModel.from_dict(json.loads(json.dumps(stored)), "file") == replace(cal.fit, source="file")
 
 
 @pytest.mark.parametrize("name", ["ar", "magicdec", "vegas", "aspire", "aspire-fsm"])

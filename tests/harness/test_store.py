@@ -34,7 +34,7 @@ ENV = {"python": "3.11", "torch": "2.13", "device": "cpu", "gpu": None, "cpu": "
 def make_record(i: int = 0, decoder: str = "aspire", **kw) -> RunRecord:
     t0 = 100.0
     steps = [StepTrace(0, t0, t0 + 1.0, [RowTrace("r0", PREFILL, 8, 1), RowTrace("r1", PREFILL, 8, 1)]),
-             StepTrace(1, t0 + 1.0, t0 + 1.5, [RowTrace("r0", VERIFY, 4, 3, 3, 2, 8, 5, 2),
+             StepTrace(1, t0 + 1.0, t0 + 1.5, [RowTrace("r0", VERIFY, 4, 3, 3, 2, 8, 5, 2, 1, 2),
                                                 RowTrace("r1", VERIFY, 4, 4, 3, 3, 8)])]
     results = [
         RequestResult("r0", [5, 6, 7, 8], "length", [t0 + 1.0, t0 + 1.5, t0 + 1.5, t0 + 1.5], t0, t0,
@@ -77,11 +77,13 @@ def test_round_trip(tmp_path):
     assert without_id(back) == without_id(rec)
     assert back.requests[0].verifications == [(3, 2)]
     assert back.requests[0].parity["kind"] == "near-tie"
-    assert back.steps[1].rows[0] == ("r0", VERIFY, 4, 3, 3, 2, 8, 5, 2)
+    assert back.steps[1].rows[0] == ("r0", VERIFY, 4, 3, 3, 2, 8, 5, 2, 1, 2)
     assert records.row_kv_sparse(back.steps[1].rows[0]) == 5
     assert records.row_kv_sparse(back.steps[1].rows[0][:7]) == 0  # a row stored before the column
     assert records.row_kv_captured(back.steps[1].rows[0]) == 2
     assert records.row_kv_captured(back.steps[1].rows[0][:8]) == 0
+    assert records.row_kv_shaped(back.steps[1].rows[0]) == (1, 2)
+    assert records.row_kv_shaped(back.steps[1].rows[0][:9]) == (0, 0)  # stored before kv_layered, kv_topk
     assert isinstance(back.aggregates["n_requests"], int)
     assert back.aggregates["parity_near_tie"] == 1
 

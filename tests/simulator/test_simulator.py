@@ -261,6 +261,35 @@ def test_projected_page_lists_simulated_runs_with_the_papers_speedup(tmp_path):
     assert 'data-v="2.3"' in projected  # the paper's Qwen3-8B ASPIRE speedup at 30-40k
 
 
+def test_vegas_steps_are_priced_by_their_own_terms(random_tiny):
+    """A Vegas run records its drafts' scattered reads through per-layer views (kv_layered) and its rows'
+    token scores at every layer (kv_topk); a cost model with beta_layered and beta_topk prices them in
+    place of beta_sparse and beta_capture, in a replay and in a projection; one without them as before."""
+    from aspire_bench.simulator.source import simulate_parametric
+    record = run(RunConfig(model=str(random_tiny), decoder="vegas", decoder_args={"gamma": 3}, task="needle",
+                           context_len="1k", limit=3, batch_size=2, max_new_tokens=14, warmup=False),
+                 show_progress=False).record
+    rows = [r for s in record.steps for r in s.rows]
+    assert all(r[9] == (r[7] if r[1] == "draft" else 0) and r[10] == r[8] for r in rows)
+    assert any(r[9] for r in rows) and any(r[10] for r in rows if r[1] == "verify")
+    shaped = replace(COST, beta_layered=2e-6, beta_topk=1e-6)
+    for out in (simulate_stored(record, CalibratedCost(COST))[0], simulate_parametric(
+            "vegas", CalibratedCost(COST), parse_alpha("0.8"), 1000, 2, 3, 14, 16, 4, settings={"gamma": 3})[0]):
+        assert any(w.kv_topk for s in out.steps for w in s.rows if w.kind == "verify")
+        assert any(w.kv_layered for s in out.steps for w in s.rows if w.kind == "draft")
+        for s in out.steps:
+            priced = [(w.kind, w.n_tokens, w.kv_read, w.kv_sparse, w.kv_captured, w.kv_layered, w.kv_topk)
+                      for w in s.rows]
+            assert s.wall == pytest.approx(CalibratedCost(COST).step_time([r[:5] for r in priced]), rel=1e-12)
+            layered, topk = sum(r[5] for r in priced), sum(r[6] for r in priced)
+            assert CalibratedCost(shaped).step_time(priced) - s.wall == pytest.approx(
+                layered * (2e-6 - 5e-7) + topk * (1e-6 - 3e-7), rel=1e-9, abs=1e-15)
+    verify = [s for s in simulate_stored(record, CalibratedCost(shaped))[0].steps if s.rows[0].kind == "verify"]
+    assert verify and all(s.wall == pytest.approx(CalibratedCost(shaped).step_time(
+        [(w.kind, w.n_tokens, w.kv_read, w.kv_sparse, w.kv_captured, w.kv_layered, w.kv_topk) for w in s.rows]))
+        for s in verify)
+
+
 def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys):
     from benchmarks import validate_simulator
     db = str(tmp_path / "v.db")
@@ -335,6 +364,11 @@ def test_validate_script_prints_every_measured_run(random_tiny, tmp_path, capsys
     assert projected["simulated_decode_tok_s"] == pytest.approx(metrics.decode_tok_s(alone), rel=1e-12)
     assert projected["simulated_decode_tok_s"] != validate_simulator.validate(
         db, ["ar"], projection="cpu-measured")[0]["simulated_decode_tok_s"]
+    # ... and with --without, each run's calibration refitted without the terms named
+    assert validate_simulator.validate(db, ["ar"], without=("beta_capture",), projection="calibrated")[0][
+        "simulated_decode_tok_s"] == pytest.approx(refit[0]["simulated_decode_tok_s"], rel=0.2)
+    with pytest.raises(SystemExit):
+        validate_simulator.main(["--store", db, "--projection", "--without", "beta_topk"])  # a roofline's
 
 
 def test_stored_run_roofline_defaults_to_the_runs_model_and_dtype(random_tiny, tmp_path):
