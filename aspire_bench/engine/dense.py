@@ -1,12 +1,12 @@
 """The CPU dense paths: a layer's norms, RoPE, projections and MLP in fewer calls than model.py's eager ones.
 
 On a CPU with a small model a forward is dominated by per-call overhead, not arithmetic, so these paths
-remove calls (same maths, fp32 rounding order aside). `CompiledDense` (backend `cpp`, the default for
-fp32 on a CPU; at the end of this file) runs a layer as one compiled C++ call. `FusedDense` (backend
-`fused`, the fallback without a C++ compiler) folds each RMSNorm weight into the next projection, q/k
-norm weights into RoPE tables built once per forward, and runs projections through oneDNN with
-prepacked weights and the residual add as a post-op (plain `F.linear` where torch has no oneDNN).
-Other dtypes and devices run the eager reference in model.py (docs/kernels.md).
+remove calls (same maths, fp32 rounding order aside). `CompiledDense` (backend `cpp`, the default on a
+CPU; at the end of this file) runs a layer as one compiled C++ call, in fp32 over an fp32 or bf16 pool.
+`FusedDense` (backend `fused`, the fp32 fallback without a C++ compiler) folds each RMSNorm weight into
+the next projection, q/k norm weights into RoPE tables built once per forward, and runs projections
+through oneDNN with prepacked weights and the residual add as a post-op (plain `F.linear` where torch
+has no oneDNN). Other dtypes and devices run the eager reference in model.py (docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -139,7 +139,9 @@ class _LazyTables:
 
 class CompiledDense:
     """The compiled dense path (kernels/csrc/cpu_dense.cpp): one C++ call per layer for everything
-    between two attention calls, one for the final norm and LM head; fp32 on a CPU.
+    between two attention calls, one for the final norm and LM head; fp32 arithmetic on a CPU, over an
+    fp32 or a bf16 KV pool (a bf16 model's weights widened once into the fp32 panels, its KV rounded
+    to bf16 as it is written).
 
     Per-call overhead, not arithmetic, dominates the fused path on a small model (~20 torch calls per
     layer): here a forward is 17 ctypes calls plus the attention backend's 16, or one call running the
@@ -154,7 +156,9 @@ class CompiledDense:
         from ..kernels import cpu_dense
 
         lib = cpu_dense.load_library()
-        self._layer, self._head, self._forward = lib.aspire_dense_layer, lib.aspire_dense_head, lib.aspire_dense_forward
+        self._head = lib.aspire_dense_head
+        self._by_pool = {torch.float32: (lib.aspire_dense_layer, lib.aspire_dense_forward),
+                         torch.bfloat16: (lib.aspire_dense_layer_bf16, lib.aspire_dense_forward_bf16)}
         cfg = self.cfg = model.cfg
         self._keep = []  # every tensor whose address the kernel holds
 
@@ -190,38 +194,41 @@ class CompiledDense:
         L, hq, d = len(self._ptrs), cfg.num_heads, cfg.head_dim
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or dest.dtype != torch.int64:
             raise ValueError("the compiled dense path needs contiguous K/V pools and int64 destinations")
+        if k_cache.dtype not in self._by_pool or v_cache.dtype != k_cache.dtype:
+            raise ValueError(f"the compiled dense path needs an fp32 or bf16 KV pool, not {k_cache.dtype}")
+        layer_fn, forward_fn = self._by_pool[k_cache.dtype]
         # per forward, with this pool's capacity: engines sharing the model may have pools of other sizes
         dims_t = torch.tensor([*self._shape, k_cache.shape[2]], dtype=torch.int64)
         dims, eps, threads = dims_t.data_ptr(), self.eps, torch.get_num_threads()
-        x = model.embed[tokens].contiguous()
+        x = model.embed[tokens].float().contiguous()
         q = torch.empty(T, hq, d)
-        cos, sin, dest = cos.contiguous(), sin.contiguous(), dest.contiguous()
+        cos, sin, dest = cos.float().contiguous(), sin.float().contiguous(), dest.contiguous()
         xp, qp, kp, vp = x.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
         dp, cp, sp = dest.data_ptr(), cos.data_ptr(), sin.data_ptr()
         layer_calls = getattr(backend, "layer_calls", None)
-        calls = layer_calls(meta, q, L) if layer_calls else None
+        calls = layer_calls(meta, q, L, k_cache.dtype) if layer_calls else None
         if calls is not None:  # the whole layer loop in one call
             attn = torch.empty(T, hq, d)
-            rc = self._forward(self._layer_table.data_ptr(), L, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp,
-                               sp, T, calls.attention, calls.reduce_scores, calls.table.data_ptr(), meta.scale,
-                               meta.page_size, threads)
+            rc = forward_fn(self._layer_table.data_ptr(), L, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp,
+                            sp, T, calls.attention, calls.reduce_scores, calls.table.data_ptr(), meta.scale,
+                            meta.page_size, threads)
             if rc == 1:
                 raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
             if rc:
                 raise ValueError(f"the CPU attention kernel rejected the shapes (Hq={hq}, D={d}, page size "
                                  f"{meta.page_size}; code {rc})")
             return self._logits(xp, dims, eps, logit_rows, threads), calls.captures()
-        if self._layer(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
+        if layer_fn(None, self._ptr_addr[0], 0, dims, eps, xp, None, qp, kp, vp, dp, cp, sp, T, threads):
             raise ValueError(f"the compiled dense path needs an even head dim, not {d}: use dense backend fused")
         captures: dict[int, dict[int, torch.Tensor]] = {}
         for li in range(L):
             attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
             for row, scores in caps.items():
                 captures.setdefault(row, {})[li] = scores
-            attn = attn.contiguous()
+            attn = attn.float().contiguous()
             nxt = self._ptr_addr[li + 1] if li + 1 < L else None  # q is free again: the next layer's goes there
-            self._layer(self._ptr_addr[li], nxt, li + 1, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp, sp,
-                        T, threads)
+            layer_fn(self._ptr_addr[li], nxt, li + 1, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp, sp,
+                     T, threads)
         return self._logits(xp, dims, eps, logit_rows, threads), captures
 
     def _logits(self, xp: int, dims: int, eps: float, logit_rows: torch.Tensor, threads: int) -> torch.Tensor:

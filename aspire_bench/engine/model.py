@@ -21,10 +21,10 @@ DENSE_BACKENDS = ("auto", "cpp", "fused", "eager")
 _warned_fallback = False
 
 
-def _warn_fallback(e: Exception) -> None:
+def _warn_fallback(e: Exception, path: str) -> None:
     global _warned_fallback
     _warned_fallback = True
-    warnings.warn(f"{e}\nfalling back to the fused torch dense path (slower on CPU)", stacklevel=4)
+    warnings.warn(f"{e}\nfalling back to the {path} torch dense path (slower on CPU)", stacklevel=4)
 
 
 @dataclass
@@ -76,18 +76,20 @@ class Transformer:
 
     def prepare_dense(self, backend: str) -> str:
         """How a layer's dense part runs: `cpp` (dense.py's CompiledDense: one compiled C++ call per
-        layer; fp32 on a CPU, needs a C++ compiler), `fused` (dense.py: folded norms, RoPE tables,
-        prepacked oneDNN projections; fp32 on a CPU), `eager` (the reference below), or `auto` (cpp
-        where it applies; fused, with one warning, when it cannot be built). Returns the one chosen,
-        for `forward(dense=...)`."""
+        layer; fp32 or bf16 on a CPU, computing in fp32; needs a C++ compiler), `fused` (dense.py:
+        folded norms, RoPE tables, prepacked oneDNN projections; fp32 on a CPU), `eager` (the reference
+        below), or `auto` (cpp where it applies; else, with one warning, fused for fp32 and eager for
+        bf16 when it cannot be built). Returns the one chosen, for `forward(dense=...)`."""
         if backend not in DENSE_BACKENDS:
             raise ConfigError(f"unknown dense backend {backend!r}: choose one of {', '.join(DENSE_BACKENDS)}")
-        fits = self.dtype == torch.float32 and self.device.type == "cpu"
-        if backend in ("fused", "cpp") and not fits:
-            raise ConfigError(f"the {backend} dense path runs fp32 on a CPU, not "
-                              f"{str(self.dtype).replace('torch.', '')} on {self.device.type}: use dense backend "
-                              f"eager or auto")
-        if backend in ("cpp", "auto") and fits:
+        cpu, dtype = self.device.type == "cpu", str(self.dtype).replace("torch.", "")
+        fits = cpu and self.dtype == torch.float32  # the fused path's
+        fits_cpp = cpu and self.dtype in (torch.float32, torch.bfloat16)
+        if (backend == "fused" and not fits) or (backend == "cpp" and not fits_cpp):
+            runs = "fp32" if backend == "fused" else "fp32 or bf16"
+            raise ConfigError(f"the {backend} dense path runs {runs} on a CPU, not {dtype} on {self.device.type}: "
+                              f"use dense backend eager or auto")
+        if backend in ("cpp", "auto") and fits_cpp:
             if self._compiled is None:
                 try:
                     self._compiled = CompiledDense(self)
@@ -95,17 +97,16 @@ class Transformer:
                     if backend == "cpp":
                         raise
                     if not _warned_fallback:
-                        _warn_fallback(e)
+                        _warn_fallback(e, "fused" if fits else "eager")
                     self._compiled = False
             if self._compiled:
                 return "cpp"
-            backend = "fused"
         chosen = "fused" if backend == "fused" or (backend == "auto" and fits) else "eager"
         if chosen == "fused" and self._fused is None:
             self._fused = FusedDense(self)
         return chosen
 
-    def _rope_tables(self, positions: torch.Tensor):
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None):
         need = int(positions.max()) + 1
         if need > self._cos.shape[0]:
             size = max(need, 2 * self._cos.shape[0], 4096)
@@ -121,7 +122,8 @@ class Transformer:
             emb = torch.cat((freqs, freqs), dim=-1)
             scale = rope_attention_factor(self.cfg)  # YaRN scales cos and sin; 1 otherwise
             self._cos, self._sin = emb.cos() * scale, emb.sin() * scale
-        return self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
+        dtype = dtype or self.dtype
+        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, dest: torch.Tensor,
@@ -132,7 +134,7 @@ class Transformer:
         cfg = self.cfg
         T = tokens.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        cos, sin = self._rope_tables(positions)
+        cos, sin = self._rope_tables(positions, torch.float32 if dense == "cpp" else self.dtype)
         if dense == "cpp":
             return self._compiled.forward(self, tokens, cos, sin, dest, k_cache, v_cache, meta, backend, logit_rows)
         if dense == "fused":

@@ -84,6 +84,10 @@ def load_library() -> ctypes.CDLL:
     return _lib
 
 
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 def _int64(values) -> torch.Tensor:
     # through numpy: torch.tensor of a nested list is slow, and this runs several times per forward
     return torch.from_numpy(np.array(values, dtype=np.int64))
@@ -113,7 +117,7 @@ class LayerCalls:
     at this layer), chosen tokens and output (the layout aspire_dense_forward reads). The tensors the
     table points into are kept here until the call returns."""
     table: torch.Tensor
-    attention: int  # address of aspire_attention
+    attention: int  # address of aspire_attention (or its bf16 pool's twin)
     reduce_scores: int  # address of aspire_reduce_scores
     _scores: dict[int, tuple[_LayerPlan, torch.Tensor]]  # capturing layer -> (its plan, its output)
     _keep: list
@@ -133,9 +137,10 @@ class CpuAttention:
     def __init__(self, library: ctypes.CDLL | None = None):
         """`library`: another build of the kernel, opened by `_open` (default: this machine's, load_library)."""
         lib = library or load_library()
-        self._attention, self._reduce_scores = lib.aspire_attention, lib.aspire_reduce_scores
+        self._reduce_scores = lib.aspire_reduce_scores
         self._by_pool = {torch.float32: lib.aspire_attention, torch.bfloat16: lib.aspire_attention_bf16}
-        self._addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._attention, self._reduce_scores))
+        self._attention_at = {dtype: _address(fn) for dtype, fn in self._by_pool.items()}
+        self._reduce_at = _address(self._reduce_scores)
         self._ref = TorchAttention()
         self._kept = torch.empty(0, dtype=torch.float32)
 
@@ -201,11 +206,12 @@ class CpuAttention:
         return (q.dtype in (torch.float32, torch.bfloat16) and pool_dtype in (torch.float32, torch.bfloat16)
                 and q.device.type == "cpu" and d % 16 == 0 and d <= 256)
 
-    def layer_calls(self, meta: AttentionMeta, q: torch.Tensor, num_layers: int) -> LayerCalls | None:
-        """The kernel calls of every layer of this forward, or None when a row goes to the torch
-        reference at some layer (a prefill chunk) or the kernel does not cover q: the caller then
-        calls `attend` layer by layer."""
-        if q.dtype != torch.float32 or not self._covers(q):  # the compiled dense path: fp32 only
+    def layer_calls(self, meta: AttentionMeta, q: torch.Tensor, num_layers: int,
+                    pool_dtype: torch.dtype = torch.float32) -> LayerCalls | None:
+        """The kernel calls of every layer of this forward over a pool of `pool_dtype`, or None when a
+        row goes to the torch reference at some layer (a prefill chunk) or the kernel does not cover q:
+        the caller then calls `attend` layer by layer."""
+        if q.dtype != torch.float32 or not self._covers(q, pool_dtype):  # the compiled dense path's fp32 q
             return None
         plans = [self._plan(layer, meta, q.shape[1]) for layer in range(num_layers)]
         if any(p.rest or not p.rows.shape[0] for p in plans):
@@ -222,7 +228,7 @@ class CpuAttention:
                 call[3:] = [lse.data_ptr(), kept.data_ptr(), p.cap_desc.data_ptr(), p.cap_desc.shape[0],
                             p.cap_tokens.data_ptr(), out.data_ptr()]
             table.append(call)
-        return LayerCalls(_int64(table), *self._addresses, scores, [plans, kept, lse])
+        return LayerCalls(_int64(table), self._attention_at[pool_dtype], self._reduce_at, scores, [plans, kept, lse])
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
         if not self._covers(q, k_cache.dtype) or v_cache.dtype != k_cache.dtype:
@@ -256,8 +262,9 @@ class CpuAttention:
             captures = plan.split_scores(scores)
         for i in plan.rest:
             row = meta.rows[i]
-            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n].to(dtype), k_cache,
-                                                 v_cache, row, meta)
+            # in the pool's dtype: the compiled dense path hands fp32 queries over a bf16 pool
+            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n].to(k_cache.dtype),
+                                                 k_cache, v_cache, row, meta)
             out[row.q_start:row.q_start + row.n] = o
             if row_scores is not None:
                 captures[i] = row_scores

@@ -46,10 +46,14 @@ def load_library() -> ctypes.CDLL:
 def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.aspire_dense_layer.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
+    layers = (lib.aspire_dense_layer, lib.aspire_dense_layer_bf16)
+    forwards = (lib.aspire_dense_forward, lib.aspire_dense_forward_bf16)
+    for fn in layers:
+        fn.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
+    for fn in forwards:
+        fn.argtypes = [p, i64, p, f32, p, p, p, p, p, p, p, p, i64, p, p, p, f32, i64, i32]
     lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
-    lib.aspire_dense_forward.argtypes = [p, i64, p, f32, p, p, p, p, p, p, p, p, i64, p, p, p, f32, i64, i32]
-    for fn in (lib.aspire_dense_layer, lib.aspire_dense_head, lib.aspire_dense_forward, lib.aspire_dense_vector_width):
+    for fn in (*layers, *forwards, lib.aspire_dense_head, lib.aspire_dense_vector_width):
         fn.restype = ctypes.c_int
     return lib
 

@@ -31,6 +31,7 @@ class TorchAttention:
     name = "torch"
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
+        dtype, q = q.dtype, q.to(k_cache.dtype)  # the compiled dense path's fp32 queries over a bf16 pool
         out = torch.empty_like(q)
         captures: dict[int, torch.Tensor] = {}
         for i, row in enumerate(meta.rows):
@@ -38,7 +39,7 @@ class TorchAttention:
             out[row.q_start:row.q_start + row.n] = o
             if scores is not None:
                 captures[i] = scores
-        return out, captures
+        return out.to(dtype), captures
 
     def attend_row(self, layer, q, k_cache, v_cache, row: RowMeta, meta: AttentionMeta):
         """One row's attention (q: its [n, Hq, D] queries): (out [n, Hq, D], its scores or None). Shorter

@@ -269,14 +269,13 @@ def test_fused_dense_branches_match_transformers(checkpoints, monkeypatch, fam, 
 def test_dense_backend_choice(checkpoints, monkeypatch):
     path, _ = checkpoints["qwen3"]
     assert Engine(load_model(path), attention_backend="torch").dense_backend == "cpp"  # auto on a CPU, fp32
-    assert Engine(load_model(path, "bfloat16"), attention_backend="torch").dense_backend == "eager"
+    assert Engine(load_model(path, "bfloat16"), attention_backend="torch").dense_backend == "cpp"  # bf16 too
     monkeypatch.setenv("ASPIRE_BENCH_DENSE", "eager")
     assert Engine(load_model(path), attention_backend="torch").dense_backend == "eager"
     with pytest.raises(ConfigError, match="unknown dense backend 'compiled'"):
         Engine(load_model(path), attention_backend="torch", dense_backend="compiled")
-    for dense in ("fused", "cpp"):
-        with pytest.raises(ConfigError, match=f"the {dense} dense path runs fp32 on a CPU"):
-            Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend=dense)
+    with pytest.raises(ConfigError, match="the fused dense path runs fp32 on a CPU, not bfloat16"):
+        Engine(load_model(path, "bfloat16"), attention_backend="torch", dense_backend="fused")
     # two engines on one model each keep their own path
     from aspire_bench.engine.dense import FusedDense
     model = load_model(path)
@@ -340,3 +339,32 @@ def test_scattered_positions_counts_the_head_of_every_run():
     halves = torch.stack((torch.arange(0, H // 2), torch.arange(H // 2, H)))
     assert scattered_positions(halves) == H
     assert scattered_positions(torch.stack((long, long))) == 2 * H
+
+
+def test_bf16_compiled_path_rounds_the_kv_it_writes_and_is_one_path():
+    """bf16 on a CPU through the compiled dense path: fp32 arithmetic, the KV rounded to bf16 as it is
+    written. The tiny checkpoint stores bf16 weights, so its fp32 and bf16 models hold the same values:
+    the first layer's KV (written before any attention reads rounded KV) is the fp32 run's rounded,
+    bit for bit; the logits stay nearer fp32's than the eager bf16 path's; and a decode row's logits are
+    the same in a one-call forward as beside a prefill chunk (the per-layer path)."""
+    ids = torch.randint(0, 1000, (260,), generator=torch.Generator().manual_seed(3)).tolist()
+    runs = {}
+    for dtype, dense in (("float32", "cpp"), ("bfloat16", "cpp"), ("bfloat16", "eager")):
+        eng = Engine(load_model("tiny", dtype), attention_backend="cpu", dense_backend=dense, prefill_chunk=64)
+        eng.reserve(1024)
+        assert eng.dense_backend == dense and eng.cache.k.dtype == getattr(torch, dtype)
+        a, b = eng.alloc(300), eng.alloc(300)
+        eng.forward([Row(a, ids[:200], 0, logits="none")])
+        eng.forward([Row(b, ids[:100], 0, logits="none")])
+        alone = eng.forward([Row(a, ids[200:201], 200, logits="all")]).logits[0]
+        eng.rollback(a, 200)
+        beside = eng.forward([Row(a, ids[200:201], 200, logits="all"), Row(b, ids[100:160], 100, logits="none")])
+        kv0 = [pool[0, :, a.base:a.base + 201].clone() for pool in (eng.cache.k, eng.cache.v)]
+        runs[dtype, dense] = alone, beside.logits[0], kv0
+    fp32, bf16, eager = runs["float32", "cpp"], runs["bfloat16", "cpp"], runs["bfloat16", "eager"]
+    for ours, theirs in zip(bf16[2], fp32[2]):
+        assert torch.equal(ours, theirs.to(torch.bfloat16))
+    assert bf16[0].dtype == torch.float32 and torch.equal(bf16[0], bf16[1])
+    assert torch.equal(fp32[0], fp32[1])
+    near, far = ((x[0] - fp32[0]).abs().max().item() for x in (bf16, eager))
+    assert 0 < near < far / 2

@@ -180,12 +180,12 @@ def test_unsupported_files_fail_in_one_line_before_any_work(tmp_path, model_cach
 
 def test_a_converted_bf16_checkpoint_runs_fp32_by_default_and_bf16_on_request(llama):
     """The checkpoint stores bf16; the engine runs it in fp32 unless asked, and in bf16 on the CPU through the
-    eager paths (the compiled kernels are fp32), where a sparse decoder still equals AR under greedy."""
+    compiled paths (fp32 arithmetic over bf16 weights and KV), where a sparse decoder still equals AR under greedy."""
     from aspire_bench.decoders import Request, SamplingParams, get_decoder
     gguf_path = str(llama[0])
     assert Engine.from_pretrained(gguf_path).dtype == torch.float32
     eng = Engine.from_pretrained(gguf_path, dtype="bfloat16")
-    assert eng.dtype == torch.bfloat16 and eng.dense_backend == "eager"
+    assert eng.dtype == torch.bfloat16 and eng.dense_backend == "cpp"
     g = torch.Generator().manual_seed(3)
     reqs = [Request(str(i), torch.randint(0, 320, (n,), generator=g).tolist(), 12) for i, n in enumerate((200, 90))]
     ar = get_decoder("ar").generate(eng, reqs, SamplingParams(), 2)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import step_costs
 
@@ -39,7 +40,8 @@ def test_step_costs_measures_every_row_kind():
     assert set(r["split"]["ar"]) == {"attention_ms", "matmul_ms", "other_ms"}
     assert r["split"]["weights"]["matmul_ms"] > 0  # the compiled dense path's kernel calls are timed too
     from aspire_bench.kernels.cpu_dense import load_library
-    assert engine.model._compiled._layer is load_library().aspire_dense_layer  # timing wrappers removed
+    lib = load_library()  # timing wrappers removed
+    assert engine.model._compiled._by_pool[torch.float32] == (lib.aspire_dense_layer, lib.aspire_dense_forward)
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 

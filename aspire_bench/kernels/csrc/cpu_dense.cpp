@@ -1,4 +1,5 @@
-// The dense part of a transformer layer for the CPU, one call per layer (fp32).
+// The dense part of a transformer layer for the CPU, one call per layer (fp32 arithmetic; the KV
+// pool fp32 or bf16: the _bf16 entry points round each key and value written to bf16 as torch does).
 //
 // Why: with a small model a forward on a CPU is dominated by the per-call cost of ~20 torch ops per
 // layer, not by its arithmetic (the bundled model: 60 MFLOP and 15 MB of weights for 8 tokens). Here
@@ -15,8 +16,8 @@
 // sums over k in order with FMAs, so a token's result does not depend on how many tokens share the
 // call (batch-invariant). Work items are (panel, block of 8 tokens), split statically over threads.
 //
-// Layouts (fp32, contiguous): x [T, hidden] (updated in place); attn [T, Hq*D]; q out [T, Hq, D];
-// k, v pools [layers, Hkv, cap, D]; dest [T] int64 pool positions; cos, sin [T, D] (HF convention:
+// Layouts (fp32 but the pools, contiguous): x [T, hidden] (updated in place); attn [T, Hq*D]; q out
+// [T, Hq, D]; k, v pools [layers, Hkv, cap, D], fp32 or bf16; dest [T] int64 pool positions; cos, sin [T, D] (HF convention:
 // rotate_half = cat(-x2, x1)). Per layer, 12 pointers (0 = absent), in this order:
 // attn_norm, Wqkv (packed), bqkv, q_norm, k_norm, Wo (packed), bo, mlp_norm, Wgate_up (packed,
 // interleaved), bgate_up (interleaved likewise, padded), Wdown (packed), bdown.
@@ -199,15 +200,25 @@ inline void norm_rope(const float* in, const float* w, const float* cs, const fl
   for (int64_t i = half; i < d; ++i) out[i] = tmp[i] * cs[i] + tmp[i - half] * sn[i];
 }
 
-}  // namespace
+// A bf16 (the upper half of an fp32's bits), rounded to nearest even as torch's conversion rounds.
+typedef uint16_t bf16;
+inline bf16 to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
-// Floats per vector this build uses.
-extern "C" int aspire_dense_vector_width() { return VL; }
+// d values into a pool row of its element.
+inline void put(float* dst, const float* src, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
+inline void put(bf16* dst, const float* src, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = to_bf16(src[i]);
+}
 
-extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, const int64_t* dims,
-                                  float eps, float* x, const float* attn, float* q, float* kpool, float* vpool,
-                                  const int64_t* dest, const float* cos, const float* sin, int64_t T,
-                                  int num_threads) {
+template <class KV>
+int dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, const int64_t* dims, float eps,
+                float* x, const float* attn, float* q, KV* kpool, KV* vpool, const int64_t* dest,
+                const float* cos, const float* sin, int64_t T, int num_threads) {
   const Dims dm{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
   if (dm.d % 2) return 1;
   const int64_t H = dm.hq + 2 * dm.hkv, nqkv = H * dm.d, inter_p = (dm.inter + HALF - 1) / HALF * HALF;
@@ -227,7 +238,7 @@ extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64
       gemm(h.data(), T, dm.hidden, ptr(pre, 1), ptr(pre, 2), nqkv, big.data(), nqkv, STORE);
       const float *qn = ptr(pre, 3), *kn = ptr(pre, 4);
       const int64_t layer_off = pre_layer * dm.hkv * dm.cap * dm.d;
-      std::vector<float> tmp(dm.d);
+      std::vector<float> tmp(2 * dm.d);
 #pragma omp for schedule(static)
       for (int64_t th = 0; th < T * (dm.hq + dm.hkv); ++th) {
         const int64_t t = th / (dm.hq + dm.hkv), hd = th % (dm.hq + dm.hkv);
@@ -237,13 +248,33 @@ extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64
           norm_rope(in, qn, cs, sn, dm.d, eps, tmp.data(), q + (t * dm.hq + hd) * dm.d);
         } else {
           const int64_t kh = hd - dm.hq, at = layer_off + (kh * dm.cap + dest[t]) * dm.d;
-          norm_rope(in, kn, cs, sn, dm.d, eps, tmp.data(), kpool + at);
-          std::memcpy(vpool + at, in + dm.hkv * dm.d, dm.d * sizeof(float));
+          norm_rope(in, kn, cs, sn, dm.d, eps, tmp.data(), tmp.data() + dm.d);
+          put(kpool + at, tmp.data() + dm.d, dm.d);
+          put(vpool + at, in + dm.hkv * dm.d, dm.d);
         }
       }
     }
   }
   return 0;
+}
+
+}  // namespace
+
+// Floats per vector this build uses.
+extern "C" int aspire_dense_vector_width() { return VL; }
+
+extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, const int64_t* dims,
+                                  float eps, float* x, const float* attn, float* q, float* kpool, float* vpool,
+                                  const int64_t* dest, const float* cos, const float* sin, int64_t T,
+                                  int num_threads) {
+  return dense_layer(post, pre, pre_layer, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, num_threads);
+}
+
+extern "C" int aspire_dense_layer_bf16(const int64_t* post, const int64_t* pre, int64_t pre_layer,
+                                       const int64_t* dims, float eps, float* x, const float* attn, float* q,
+                                       bf16* kpool, bf16* vpool, const int64_t* dest, const float* cos,
+                                       const float* sin, int64_t T, int num_threads) {
+  return dense_layer(post, pre, pre_layer, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, num_threads);
 }
 
 // logits[r] = rms_norm(x[rows[r]]) * norm_w . head^T for r < R (head packed like a projection).
@@ -275,18 +306,21 @@ extern "C" int aspire_dense_head(const float* norm_w, const float* head, const i
 // per layer: rows, num_rows, idx (the attention call's), then lse, sbuf, crows, num_crows, qsel, out
 // (the score reduction's; num_crows 0 = none at this layer). attn [T, Hq*D] is scratch.
 // Returns 0; 1 for an odd head dim; 2 + the attention's code, 16 + the reduction's when they refuse.
-typedef int (*AttentionFn)(const float*, const float*, const float*, float*, float*, float*, const int64_t*,
-                           int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t, float, int);
+template <class KV>
+using AttentionFn = int (*)(const float*, const KV*, const KV*, float*, float*, float*, const int64_t*, int64_t,
+                            const int64_t*, int64_t, int64_t, int64_t, int64_t, float, int);
 typedef int (*ReduceFn)(const float*, const float*, const int64_t*, int64_t, const int64_t*, int64_t, float*,
                         int64_t, int);
 
-extern "C" int aspire_dense_forward(const int64_t* layers, int64_t num_layers, const int64_t* dims, float eps,
-                                    float* x, float* attn, float* q, float* kpool, float* vpool,
-                                    const int64_t* dest, const float* cos, const float* sin, int64_t T,
-                                    AttentionFn attend, ReduceFn reduce, const int64_t* calls, float scale,
-                                    int64_t page, int num_threads) {
+namespace {
+
+template <class KV>
+int dense_forward(const int64_t* layers, int64_t num_layers, const int64_t* dims, float eps, float* x,
+                  float* attn, float* q, KV* kpool, KV* vpool, const int64_t* dest, const float* cos,
+                  const float* sin, int64_t T, AttentionFn<KV> attend, ReduceFn reduce, const int64_t* calls,
+                  float scale, int64_t page, int num_threads) {
   auto ptrs = [&](int64_t l) { return reinterpret_cast<const int64_t*>(layers[l]); };
-  if (aspire_dense_layer(nullptr, ptrs(0), 0, dims, eps, x, nullptr, q, kpool, vpool, dest, cos, sin, T, num_threads))
+  if (dense_layer(nullptr, ptrs(0), 0, dims, eps, x, nullptr, q, kpool, vpool, dest, cos, sin, T, num_threads))
     return 1;
   const int64_t hq = dims[1], hkv = dims[2], d = dims[3], cap = dims[5], per_layer = hkv * cap * d;
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -297,8 +331,29 @@ extern "C" int aspire_dense_forward(const int64_t* layers, int64_t num_layers, c
                     hq, hkv, d, cap, scale, num_threads);
     if (rc) return 2 + rc;
     if (c[6] && (rc = reduce(f32(4), f32(3), i64(5), c[6], i64(7), page, f32(8), hq, num_threads))) return 16 + rc;
-    aspire_dense_layer(ptrs(l), l + 1 < num_layers ? ptrs(l + 1) : nullptr, l + 1, dims, eps, x, attn, q, kpool,
-                       vpool, dest, cos, sin, T, num_threads);
+    dense_layer(ptrs(l), l + 1 < num_layers ? ptrs(l + 1) : nullptr, l + 1, dims, eps, x, attn, q, kpool, vpool,
+                dest, cos, sin, T, num_threads);
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" int aspire_dense_forward(const int64_t* layers, int64_t num_layers, const int64_t* dims, float eps,
+                                    float* x, float* attn, float* q, float* kpool, float* vpool,
+                                    const int64_t* dest, const float* cos, const float* sin, int64_t T,
+                                    AttentionFn<float> attend, ReduceFn reduce, const int64_t* calls, float scale,
+                                    int64_t page, int num_threads) {
+  return dense_forward(layers, num_layers, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, attend, reduce,
+                       calls, scale, page, num_threads);
+}
+
+// The same over a bf16 pool, with the attention library's aspire_attention_bf16.
+extern "C" int aspire_dense_forward_bf16(const int64_t* layers, int64_t num_layers, const int64_t* dims, float eps,
+                                         float* x, float* attn, float* q, bf16* kpool, bf16* vpool,
+                                         const int64_t* dest, const float* cos, const float* sin, int64_t T,
+                                         AttentionFn<bf16> attend, ReduceFn reduce, const int64_t* calls,
+                                         float scale, int64_t page, int num_threads) {
+  return dense_forward(layers, num_layers, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, attend, reduce,
+                       calls, scale, page, num_threads);
 }
