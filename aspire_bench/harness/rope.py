@@ -38,6 +38,6 @@ def beyond_trained(model: str, rope: dict | None, contexts, max_new_tokens: int)
     if not past:
         return None
     factor = rope.get("factor")
-    scaling = NAMES.get(_kind(rope), _kind(rope)) + (f" x{factor:g}" if isinstance(factor, (int, float)) else "")
+    scaling = NAMES.get(_kind(rope), _kind(rope)) + (f" ×{factor:g}" if isinstance(factor, (int, float)) else "")
     return (f"{', '.join(past)} {'runs' if len(past) == 1 else 'run'} beyond the model's trained {trained} "
             f"positions: {scaling}")

@@ -76,7 +76,7 @@ def test_run_passes_the_scaling_to_the_engine_and_the_stored_config(short_traine
     assert engine.cfg.rope == {"rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": TRAINED}
     assert engine.max_context == 4 * TRAINED
     assert r.stderr.count("beyond the model's trained") == 1
-    assert "note: 1k runs beyond the model's trained 512 positions: linear x4" in r.stderr
+    assert "note: 1k runs beyond the model's trained 512 positions: linear ×4" in r.stderr
     assert "linear×4" in r.stdout  # the summary's title
     with Store(db, readonly=True) as st:
         rec = st.get_run(1)
@@ -95,7 +95,7 @@ def test_bench_passes_the_scaling_to_the_engine_rows_and_json(short_trained, tmp
     assert engine.cfg.rope["rope_type"] == "yarn" and engine.cfg.rope["factor"] == 4.0
     assert engine.max_context == 4 * TRAINED
     assert r.stderr.count("beyond the model's trained") == 1
-    assert "note: 1k runs beyond the model's trained 512 positions: YaRN x4" in r.stderr
+    assert "note: 1k runs beyond the model's trained 512 positions: YaRN ×4" in r.stderr
     assert "| 1k yarn×4 |" in r.stdout  # the cell's context in the table
     (row,) = json.loads(out.read_text())
     assert row["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0} and row["context"] == "1k"
