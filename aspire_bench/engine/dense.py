@@ -202,7 +202,7 @@ class CompiledDense:
         dims, eps, threads = dims_t.data_ptr(), self.eps, torch.get_num_threads()
         x = model.embed[tokens].float().contiguous()
         q = torch.empty(T, hq, d)
-        cos, sin, dest = cos.float().contiguous(), sin.float().contiguous(), dest.contiguous()
+        cos, sin, dest = cos.contiguous(), sin.contiguous(), dest.contiguous()  # fp32 tables (model.forward)
         xp, qp, kp, vp = x.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
         dp, cp, sp = dest.data_ptr(), cos.data_ptr(), sin.data_ptr()
         layer_calls = getattr(backend, "layer_calls", None)
@@ -225,7 +225,7 @@ class CompiledDense:
             attn, caps = backend.attend(li, q, k_cache[li], v_cache[li], meta)
             for row, scores in caps.items():
                 captures.setdefault(row, {})[li] = scores
-            attn = attn.float().contiguous()
+            attn = attn.contiguous()
             nxt = self._ptr_addr[li + 1] if li + 1 < L else None  # q is free again: the next layer's goes there
             layer_fn(self._ptr_addr[li], nxt, li + 1, dims, eps, xp, attn.data_ptr(), qp, kp, vp, dp, cp, sp,
                      T, threads)

@@ -262,9 +262,8 @@ class CpuAttention:
             captures = plan.split_scores(scores)
         for i in plan.rest:
             row = meta.rows[i]
-            # in the pool's dtype: the compiled dense path hands fp32 queries over a bf16 pool
-            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n].to(k_cache.dtype),
-                                                 k_cache, v_cache, row, meta)
+            o, row_scores = self._ref.attend_row(layer, q[row.q_start:row.q_start + row.n], k_cache, v_cache, row,
+                                                 meta)
             out[row.q_start:row.q_start + row.n] = o
             if row_scores is not None:
                 captures[i] = row_scores

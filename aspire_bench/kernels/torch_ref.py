@@ -31,7 +31,6 @@ class TorchAttention:
     name = "torch"
 
     def attend(self, layer, q, k_cache, v_cache, meta: AttentionMeta):
-        dtype, q = q.dtype, q.to(k_cache.dtype)  # the compiled dense path's fp32 queries over a bf16 pool
         out = torch.empty_like(q)
         captures: dict[int, torch.Tensor] = {}
         for i, row in enumerate(meta.rows):
@@ -39,12 +38,13 @@ class TorchAttention:
             out[row.q_start:row.q_start + row.n] = o
             if scores is not None:
                 captures[i] = scores
-        return out.to(dtype), captures
+        return out, captures
 
     def attend_row(self, layer, q, k_cache, v_cache, row: RowMeta, meta: AttentionMeta):
         """One row's attention (q: its [n, Hq, D] queries): (out [n, Hq, D], its scores or None). Shorter
         rows use a plain matmul-softmax-matmul, faster than SDPA for few queries on CPU."""
         n, hq, d = q.shape
+        q = q.to(k_cache.dtype)  # in the pool's dtype: the compiled dense path hands fp32 queries over a bf16 pool
         hkv = k_cache.shape[0]
         g = hq // hkv
         idx = row.view(layer)
