@@ -148,6 +148,11 @@ class BenchRow:
         return self.record.config.get("rope_scaling")
 
     @property
+    def dtype(self) -> str | None:
+        """The dtype the model ran in (`--dtype auto` resolved; runs stored before it was recorded: as given)."""
+        return self.record.env.get("dtype") or self.record.config.get("dtype")
+
+    @property
     def given(self) -> dict:
         """The settings given with the decoder's name in --decoders (none: its defaults)."""
         return self.record.config.get("decoder_args") or {}
@@ -166,7 +171,8 @@ class BenchRow:
 
     def to_json(self) -> dict:
         """One row of `bench --json` (the contract: docs/metrics.md#bench-json)."""
-        return {"context": self.context, "rope_scaling": self.rope_scaling, "batch_size": self.batch_size,
+        return {"model": self.record.config.get("model"), "dtype": self.dtype,
+                "context": self.context, "rope_scaling": self.rope_scaling, "batch_size": self.batch_size,
                 "sampling": self.sampling, "decoder": self.decoder, "run_id": self.record.run_id,
                 **self.record.aggregates,
                 "settings": self.settings, "tuned": self.tuned, "n_requests": self.record.aggregates["n_requests"],

@@ -99,6 +99,7 @@ def test_bench_passes_the_scaling_to_the_engine_rows_and_json(short_trained, tmp
     assert "| 1k yarn×4 |" in r.stdout  # the cell's context in the table
     (row,) = json.loads(out.read_text())
     assert row["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0} and row["context"] == "1k"
+    assert row["model"] == str(short_trained) and row["dtype"] == "float32"
     with Store(db, readonly=True) as st:
         rec = st.get_run(row["run_id"])
     assert rec.config["rope_scaling"] == row["rope_scaling"]
@@ -110,10 +111,11 @@ def test_bench_rows_without_scaling_carry_null(random_tiny, tmp_path):
                                   "--batch-size", "1", "--decoders", "ar", "--sampling", "greedy", "--limit", "1",
                                   "--repeat", "1", "--max-new-tokens", "4", "--no-tune", "--no-bound",
                                   "--no-calibration-rounds", "--store", str(tmp_path / "b.db"), "--json", str(out),
-                                  "--format", "markdown"])
+                                  "--format", "markdown", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
     (row,) = json.loads(out.read_text())
     assert "rope_scaling" in row and row["rope_scaling"] is None
+    assert row["model"] == str(random_tiny) and row["dtype"] == "bfloat16"  # a bf16 file says so, not just its name
     assert "beyond the model's trained" not in r.stderr and "| 1k |" in r.stdout
 
 
