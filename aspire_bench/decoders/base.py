@@ -137,5 +137,6 @@ class SupportsGenerate(Protocol):
         progress: Callable[[int], None] | None = None,
     ) -> GenerationOutput:
         """Generate for every request with at most `batch_size` active at once (continuous
-        batching). `progress(n)` is called with the number of tokens committed by each step."""
+        batching). `progress(n)` is called with the number of tokens committed by each step (0 after each chunk of
+        a prompt's prefill, so that a long prefill shows progress too)."""
         ...

@@ -290,7 +290,7 @@ class Decoder:
             wave = []
             while waiting and len(active) < batch_size:
                 i, req = waiting.popleft()
-                seq = _admit(engine, policy, sampler, slot_size, i, req, clock, steps)
+                seq = _admit(engine, policy, sampler, slot_size, i, req, clock, steps, progress)
                 wave.append(seq)
                 if progress:
                     progress(len(seq.out))
@@ -357,7 +357,7 @@ def _check(engine: Engine, requests: Sequence[Request]) -> None:
 
 
 def _admit(engine: Engine, policy: Policy, sampler: Sampler, slot_size: int, i: int, req: Request,
-           clock, steps: list[StepTrace]) -> RequestState:
+           clock, steps: list[StepTrace], progress: Callable[[int], None] | None = None) -> RequestState:
     slot = engine.alloc(slot_size)
     gen, params = None, sampler.params
     if not params.greedy:
@@ -392,6 +392,8 @@ def _admit(engine: Engine, policy: Policy, sampler: Sampler, slot_size: int, i: 
                                                            kv_captured=out.kv_captured[0],
                                                            kv_topk=shaped_reads(None, row.capture, 0,
                                                                                 out.kv_captured[0])[1])]))
+        if progress and not last:  # no token yet: a heartbeat, so a log shows a minutes-long prefill alive
+            progress(0)
     if not restored and len(ids) > 1:
         engine.save_prefix(slot, ids[:-1])
     if capture:

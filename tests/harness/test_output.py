@@ -146,6 +146,20 @@ def test_progress_in_a_log_is_a_line_every_interval_and_one_at_the_end(capsys, m
     assert capsys.readouterr().err == ""
 
 
+def test_a_long_prefill_beats_the_progress_once_a_chunk(random_tiny):
+    """A 32k prompt prefills for minutes before its first token: each chunk calls progress(0), so a
+    log's bar (a line every interval) shows it alive; the tokens counted stay the tokens generated."""
+    from aspire_bench.decoders import Request, SamplingParams, get_decoder
+    from aspire_bench.engine import Engine
+    engine = Engine.from_pretrained(str(random_tiny))
+    engine.prefill_chunk = 64
+    calls = []
+    get_decoder("ar").generate(engine, [Request("r", list(range(5, 305)), 3)], SamplingParams(0.0, 0, 1.0, 0, ()), 1,
+                               progress=calls.append)
+    assert calls[:5] == [0, 0, 0, 0, 1]  # 300 tokens in 5 chunks: a beat after each of the first 4, then a token
+    assert sum(calls) == 3 and 0 not in calls[5:]
+
+
 def test_info_lines_leave_json_stdout_clean(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
     tables.info("stored run 1", "json")
