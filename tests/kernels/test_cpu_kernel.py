@@ -13,6 +13,7 @@ import os
 import random
 import shlex
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -377,6 +378,19 @@ def test_the_kernels_use_one_vector_per_register_and_runs_record_the_simd():
     assert cpu_attention.vector_width() == cpu_attention.vector_width_for(cpu_build.cpuinfo())
     assert cpu_attention.vector_width() in ((8, 16) if expected == 16 else (8,))
     assert cpu_dense.load_library().aspire_dense_vector_width() == expected
+
+
+@pytest.mark.parametrize("source", sorted((Path(cpu_build.__file__).with_name("csrc")).glob("*.cpp")),
+                         ids=lambda p: p.stem)
+def test_every_kernel_compiles_with_the_fallback_flags(source, tmp_path):
+    """The build tries -march=native, then plain flags (a compiler that refuses -march=native): code
+    that needs the native ISA (an inline asm constraint naming AVX registers) must have a plain form.
+    -O0 -c: the errors come from code generation, not the optimiser, at a fraction of -O3's time."""
+    flags = [f for f in cpu_build._FLAG_SETS[-1] if not f.startswith("-O")]
+    assert not any(f.startswith("-march") for f in flags)
+    res = subprocess.run([cpu_build.compiler(), *flags, "-O0", "-fopenmp", "-fPIC", "-std=c++17", "-c", str(source),
+                          "-o", str(tmp_path / "k.o")], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @pytest.mark.parametrize("vendor,family,flags,width", [

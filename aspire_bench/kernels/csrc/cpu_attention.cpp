@@ -93,7 +93,11 @@ template <class T>
 constexpr int64_t LINE = 64 / sizeof(T);
 // A loaded vector kept in a register for its several uses (the compiler would fold the load into
 // each multiply-add instead: one load per use, and the loads, not the multiply-adds, set the pace).
+#if defined(__AVX__)
 inline vf in_register(vf x) { __asm__("" : "+x"(x)); return x; }
+#else  // no register holds a whole vf (x86 without AVX: the fallback build; other ISAs): the compiler's choice
+inline vf in_register(vf x) { return x; }
+#endif
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 #if ASPIRE_VL == 16
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
