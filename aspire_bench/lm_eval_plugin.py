@@ -459,6 +459,7 @@ class AspireLM(TemplateLM):
         except PackageNotFoundError:
             env["lm_eval"] = None
         record = records.from_output(config, output, {r.id: len(r.prompt_ids) for r in reqs}, env,
-                                     texts=texts, parity=parity, backend=self.engine.backend.name, tag=self.tag,
+                                     texts=texts, parity=parity, backend=self.engine.backend.name,
+                                     dtype=self.engine.dtype, tag=self.tag,
                                      group=self.group)
         save_record(self.store, record)  # a recovery JSONL beside the store if saving fails

@@ -264,7 +264,8 @@ def from_output(
     config: Mapping, output: GenerationOutput, prompt_lens: Mapping[str, int], env: Mapping, *,
     texts: Mapping[str, str] | None = None, scores: Mapping[str, float | None] | None = None,
     parity: RunParity | None = None, repeats: Sequence[GenerationOutput] | None = None,
-    info: Mapping | None = None, backend: str | None = None, sweep: str | None = None, tag: str | None = None,
+    info: Mapping | None = None, backend: str | None = None, dtype=None, sweep: str | None = None,
+    tag: str | None = None,
     group: str | None = None, percentiles=metrics.DEFAULT_PERCENTILES,
 ) -> RunRecord:
     """The record of a finished run, the one builder of run, bench, sweep and the lm-eval model.
@@ -273,7 +274,8 @@ def from_output(
     parity: parity.against_ar's comparison (per-request rows, the parity figures and the tolerance).
     repeats: every measured repeat, for the repeat spread of decode_tok_s and the decode_samples section.
     info: sections (RunInfo: a name that is not one is refused) kept with the decoder's own
-    GenerationOutput.info; backend: the attention backend that ran, stored in env."""
+    GenerationOutput.info; backend, dtype: the attention backend that ran and the model's dtype (a
+    torch.dtype or its name), stored in env."""
     t0 = output.t_start
     found = parity.requests if parity is not None else {}
     requests = [
@@ -309,6 +311,8 @@ def from_output(
     env = dict(env)
     if backend is not None:
         env["attention_backend"] = backend
+    if dtype is not None:
+        env["dtype"] = str(dtype).removeprefix("torch.")
     return RunRecord(
         config=dict(config), config_hash=config_hash(config), env=env, sweep=sweep, tag=tag, group=group,
         info=run_info, requests=requests, steps=steps, aggregates=aggregates,

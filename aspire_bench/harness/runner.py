@@ -220,10 +220,9 @@ def finish(p: Prepared, outputs: list[GenerationOutput], *, store: str | None = 
     scores = {s.id: p.task.score(s, texts[s.id]) for s in p.samples}
     # Resolved decoder settings go to record.info (may include fitted values), not to the config.
     record = records.from_output(cfg.identity(), output, {r.id: len(r.prompt_ids) for r in reqs},
-                                 {**records.capture_environment(), "dtype": str(engine.dtype).removeprefix("torch.")},
-                                 texts=texts, scores=scores, parity=parity,
-                                 repeats=outputs, info=p.info, backend=engine.backend.name, sweep=sweep, tag=tag,
-                                 group=group, percentiles=percentiles)
+                                 records.capture_environment(), texts=texts, scores=scores, parity=parity,
+                                 repeats=outputs, info=p.info, backend=engine.backend.name, dtype=engine.dtype,
+                                 sweep=sweep, tag=tag, group=group, percentiles=percentiles)
     if ar_run is not None:
         record.aggregates.update(speedup_over(output, ar_run))
     run_id = None
