@@ -582,7 +582,10 @@ def bench_table(rows: list[BenchRow], bandwidth: float, columns: str | None = No
                             f"({a['achieved_bw_gbs'] / a['memory_bw_gbs']:.0%})" if a.get("achieved_bw_gbs") else "—"),
     }
     names = choose_columns(list(cells), columns, BENCH_DEFAULT)
-    t = Table(title=f"decoders side by side (memory read bandwidth {bandwidth / 1e9:.1f} GB/s{machine_state(rows)}); "
+    runs_on = ", ".join(dict.fromkeys(" in ".join(filter(None, (str(r.record.config.get("model")), r.dtype)))
+                                      for r in rows))
+    t = Table(title=f"decoders side by side on {runs_on} (memory read bandwidth {bandwidth / 1e9:.1f} GB/s"
+                    f"{machine_state(rows)}); "
                     "[95% bootstrap interval, the wider over requests x repeats and over rounds]")
     t.key_columns = sum(1 for c in names[:4] if c in ("context", "batch", "sampling", "decoder"))
     for name in names:

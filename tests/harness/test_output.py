@@ -231,7 +231,14 @@ def test_every_table_is_whole_at_terminal_widths(store, width, monkeypatch):
                                 req_accepted_len_p0=1.5, req_accepted_len_p100=4.25, n_requests=16, repeats=3)
         rows[1].figures.update(speedup_vs_ar=1.05, speedup_vs_ar_ci95=[0.98, 1.1], speedup_vs_best_baseline=0.97,
                                speedup_vs_best_baseline_ci95=[0.91, 1.02], bound_share=0.82, allowed_speedup=1.31)
-        _whole_at([bench_table(rows, 40e9, columns)], width)
+        for r in recs:
+            r.env["dtype"] = "float32"
+        bench = bench_table(rows, 40e9, columns)
+        _whole_at([bench], width)
+        # the title names what ran: the model and the dtype it ran in, once for rows that share them
+        assert " on tiny in float32 (" in bench.title, bench.title
+        recs[0].env["dtype"] = "bfloat16"
+        assert " on tiny in bfloat16, tiny in float32 (" in bench_table(rows, 40e9, columns).title
         shown = []
 
         def capture(t, fmt, data=None, shown=shown):
