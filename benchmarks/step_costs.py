@@ -70,9 +70,8 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
     engine.backend, model_module.F = TimedBackend(real_backend, timers), timed_functional(timers)
     dense_module.Proj.__call__ = timed_proj
     if compiled:
-        real_kernels = compiled._by_pool, compiled._head
-        compiled._by_pool = {dtype: (timed_call(layer), forward) for dtype, (layer, forward) in compiled._by_pool.items()}
-        compiled._head = timed_call(compiled._head)
+        real_kernels = compiled._layer_fn, compiled._head
+        compiled._layer_fn, compiled._head = timed_call(compiled._layer_fn), timed_call(compiled._head)
     attn, lin = [], []
     try:
         cell.step(kind)
@@ -84,7 +83,7 @@ def split(cell: Cell, kind: str, repeats: int) -> dict:
     finally:
         engine.backend, model_module.F, dense_module.Proj.__call__ = real_backend, real_F, real_proj
         if compiled:
-            compiled._by_pool, compiled._head = real_kernels
+            compiled._layer_fn, compiled._head = real_kernels
     return {"attention_ms": statistics.median(attn) * 1e3, "matmul_ms": statistics.median(lin) * 1e3}
 
 

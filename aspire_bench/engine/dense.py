@@ -140,8 +140,8 @@ class _LazyTables:
 class CompiledDense:
     """The compiled dense path (kernels/csrc/cpu_dense.cpp): one C++ call per layer for everything
     between two attention calls, one for the final norm and LM head; fp32 arithmetic on a CPU, over an
-    fp32 or a bf16 KV pool (a bf16 model's weights widened once into the fp32 panels, its KV rounded
-    to bf16 as it is written).
+    fp32 or a bf16 model (a bf16 model's weights packed into bf16 panels that the kernel widens as it
+    reads them, its KV rounded to bf16 as it is written).
 
     Per-call overhead, not arithmetic, dominates the fused path on a small model (~20 torch calls per
     layer): here a forward is 17 ctypes calls plus the attention backend's 16, or one call running the
@@ -151,21 +151,25 @@ class CompiledDense:
 
     _POINTERS = ("attn_norm", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "bo", "mlp_norm", "w_gate_up",
                  "b_gate_up", "w_down", "b_down")
+    _PANELS = frozenset({"wqkv", "wo", "w_gate_up", "w_down"})  # packed weights, in the model's panel dtype
 
     def __init__(self, model):
         from ..kernels import cpu_dense
 
         lib = cpu_dense.load_library()
-        self._head = lib.aspire_dense_head
-        self._by_pool = {torch.float32: (lib.aspire_dense_layer, lib.aspire_dense_forward),
-                         torch.bfloat16: (lib.aspire_dense_layer_bf16, lib.aspire_dense_forward_bf16)}
+        # the weights' panels and the KV pool share one element: a bf16 model's, else fp32
+        self.dtype = cpu_dense.panel_dtype(model.dtype)
+        bf16 = self.dtype == torch.bfloat16
+        self._head = lib.aspire_dense_head_bf16 if bf16 else lib.aspire_dense_head
+        self._layer_fn, self._forward_fn = ((lib.aspire_dense_layer_bf16, lib.aspire_dense_forward_bf16) if bf16
+                                            else (lib.aspire_dense_layer, lib.aspire_dense_forward))
         cfg = self.cfg = model.cfg
         self._keep = []  # every tensor whose address the kernel holds
 
-        def addr(t: torch.Tensor | None) -> int:
+        def addr(t: torch.Tensor | None, panel: bool = False) -> int:
             if t is None:
                 return 0
-            t = t.detach().to(torch.float32).contiguous()
+            t = t.detach().to(self.dtype if panel else torch.float32).contiguous()  # norms and biases: fp32
             self._keep.append(t)
             return t.data_ptr()
 
@@ -176,13 +180,13 @@ class CompiledDense:
                       "wo": cpu_dense.pack(w.wo), "bo": cpu_dense.pad_bias(w.bo),
                       "w_gate_up": gate_up, "b_gate_up": b_gate_up,
                       "w_down": cpu_dense.pack(w.w_down), "b_down": cpu_dense.pad_bias(w.b_down)}
-            ptrs = torch.tensor([addr(packed[n] if n in packed else getattr(w, n)) for n in self._POINTERS],
-                                dtype=torch.int64)
+            ptrs = torch.tensor([addr(packed[n] if n in packed else getattr(w, n), n in self._PANELS)
+                                 for n in self._POINTERS], dtype=torch.int64)
             self._ptrs.append(ptrs)
         self._ptr_addr = [p.data_ptr() for p in self._ptrs]
         self._layer_table = torch.tensor(self._ptr_addr, dtype=torch.int64)
         self._norm = addr(model.norm)
-        self._lm_head = addr(cpu_dense.pack(model.lm_head))
+        self._lm_head = addr(cpu_dense.pack(model.lm_head), panel=True)
         self.vocab = model.lm_head.shape[0]
         self._shape = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.layers[0].w_down.shape[1]]
         self._dims = torch.tensor([*self._shape, 0], dtype=torch.int64)  # the head's call reads dims[0] only
@@ -194,9 +198,10 @@ class CompiledDense:
         L, hq, d = len(self._ptrs), cfg.num_heads, cfg.head_dim
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or dest.dtype != torch.int64:
             raise ValueError("the compiled dense path needs contiguous K/V pools and int64 destinations")
-        if k_cache.dtype not in self._by_pool or v_cache.dtype != k_cache.dtype:
-            raise ValueError(f"the compiled dense path needs an fp32 or bf16 KV pool, not {k_cache.dtype}")
-        layer_fn, forward_fn = self._by_pool[k_cache.dtype]
+        if k_cache.dtype != self.dtype or v_cache.dtype != self.dtype:
+            raise ValueError(f"the compiled dense path of a {self.dtype} model needs a {self.dtype} KV pool, not "
+                             f"{k_cache.dtype}")
+        layer_fn, forward_fn = self._layer_fn, self._forward_fn
         # per forward, with this pool's capacity: engines sharing the model may have pools of other sizes
         dims_t = torch.tensor([*self._shape, k_cache.shape[2]], dtype=torch.int64)
         dims, eps, threads = dims_t.data_ptr(), self.eps, torch.get_num_threads()

@@ -52,17 +52,26 @@ def _open(path: Path) -> ctypes.CDLL:
         fn.argtypes = [p, p, i64, p, f32, p, p, p, p, p, p, p, p, i64, i32]
     for fn in forwards:
         fn.argtypes = [p, i64, p, f32, p, p, p, p, p, p, p, p, i64, p, p, p, f32, i64, i32]
-    lib.aspire_dense_head.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
-    for fn in (*layers, *forwards, lib.aspire_dense_head, lib.aspire_dense_vector_width):
+    heads = (lib.aspire_dense_head, lib.aspire_dense_head_bf16)
+    for fn in heads:
+        fn.argtypes = [p, p, p, f32, p, p, i64, i64, p, i32]
+    for fn in (*layers, *forwards, *heads, lib.aspire_dense_vector_width):
         fn.restype = ctypes.c_int
     return lib
 
 
+def panel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The element of a weight's panels: bf16 weights stay bf16 (the kernel widens them in registers,
+    exactly: half the bytes a step reads), others are fp32."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] weight -> [ceil(N / 32), K, 32]: panels of 32 output columns, k-major, zero-padded."""
+    """[N, K] weight -> [ceil(N / 32), K, 32]: panels of 32 output columns, k-major, zero-padded, of
+    panel_dtype(w.dtype)."""
     n, k = w.shape
     n_pad = -(-n // PANEL) * PANEL
-    wp = torch.zeros(n_pad, k, dtype=torch.float32)
+    wp = torch.zeros(n_pad, k, dtype=panel_dtype(w.dtype))
     wp[:n] = w
     return wp.view(n_pad // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
@@ -80,7 +89,7 @@ def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Rows (or entries) of gate and up, each padded to whole halves, as [gate 0:16, up 0:16, gate 16:32, ...]."""
     n = gate.shape[0]
     n_pad = -(-n // HALF) * HALF
-    g = torch.zeros(n_pad, *gate.shape[1:], dtype=torch.float32)
+    g = torch.zeros(n_pad, *gate.shape[1:], dtype=panel_dtype(gate.dtype))
     u = torch.zeros_like(g)
     g[:n], u[:n] = gate, up
     return torch.cat((g.view(n_pad // HALF, HALF, -1), u.view(n_pad // HALF, HALF, -1)), 1).reshape(2 * n_pad, -1)

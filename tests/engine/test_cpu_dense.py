@@ -206,3 +206,46 @@ def test_packing_layouts():
     assert torch.equal(pg[1, :, 2], gu[18]) and torch.equal(pg[1, :, 16 + 2], gu[38])
     assert not pg[1, :, 4:16].any() and not pg[1, :, 20:].any()
     assert pb[16 + 3] == 23 and pb[32 + 1] == 17 and pb[48 + 1] == 37 and pb.numel() == 64
+
+
+def test_bf16_panels_compute_what_fp32_panels_of_the_same_values_do():
+    """A bf16 model's weights stay bf16 in their panels (half the bytes a decode step reads) and are
+    widened in registers as they are loaded: the arithmetic of fp32 panels holding the same values, so
+    a layer's dense work (Wo, the SwiGLU MLP, biases) and the LM head give the same bits."""
+    from dataclasses import replace
+
+    from aspire_bench.engine.model import Transformer
+    fp32 = scrambled(LLAMA, seed=7)  # MLP biases and an untied head
+    with torch.no_grad():  # weights that bf16 holds exactly
+        for t in [fp32.embed, fp32.norm, fp32.lm_head, *(t for w in fp32.layers for t in vars(w).values())]:
+            if t is not None:
+                t.copy_(t.to(torch.bfloat16))
+
+    def bf(t):
+        return None if t is None else t.to(torch.bfloat16)
+    bf16 = Transformer(fp32.cfg, bf(fp32.embed), [replace(w, **{k: bf(v) for k, v in vars(w).items()})
+                                                 for w in fp32.layers], bf(fp32.norm), bf(fp32.lm_head))
+    g = torch.Generator().manual_seed(8)
+    cfg = fp32.cfg
+    xs, attns = torch.randn(41, cfg.hidden_size, generator=g), torch.randn(41, cfg.num_heads * cfg.head_dim, generator=g)
+    outs, panel_bytes = {}, {}
+    for model in (fp32, bf16):
+        Engine(model, attention_backend="torch", dense_backend="cpp")
+        c = model._compiled
+        panels = [t for t in c._keep if t.dim() == 3]
+        assert {t.dtype for t in panels} == {model.dtype}
+        panel_bytes[model.dtype] = sum(t.numel() * t.element_size() for t in panels)
+        for T in (1, 5, 9, 41):  # tokens per call: tiles of 1, 5, 8 + 1; 41 = 6 blocks, a panel widened once
+            x, attn = xs[:T].clone(), attns[:T].contiguous()
+            for li in range(len(c._ptrs)):  # the post part only (pre absent): no pool or RoPE involved
+                assert c._layer_fn(c._ptr_addr[li], None, 0, c._dims.data_ptr(), c.eps, x.data_ptr(),
+                                   attn.data_ptr(), None, None, None, None, None, None, T, 2) == 0
+            logits = torch.empty(T, c.vocab)
+            rows = torch.arange(T)
+            c._head(c._norm, c._lm_head, c._dims.data_ptr(), c.eps, x.data_ptr(), rows.data_ptr(), T, c.vocab,
+                    logits.data_ptr(), 2)
+            outs[model.dtype, T] = x, logits
+    assert panel_bytes[torch.bfloat16] * 2 == panel_bytes[torch.float32]
+    for T in (1, 5, 9, 41):
+        for ours, theirs in zip(outs[torch.bfloat16, T], outs[torch.float32, T]):
+            assert torch.equal(ours, theirs) and ours.abs().sum() > 0

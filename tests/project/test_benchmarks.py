@@ -41,7 +41,8 @@ def test_step_costs_measures_every_row_kind():
     assert r["split"]["weights"]["matmul_ms"] > 0  # the compiled dense path's kernel calls are timed too
     from aspire_bench.kernels.cpu_dense import load_library
     lib = load_library()  # timing wrappers removed
-    assert engine.model._compiled._by_pool[torch.float32] == (lib.aspire_dense_layer, lib.aspire_dense_forward)
+    compiled = engine.model._compiled
+    assert (compiled._layer_fn, compiled._head) == (lib.aspire_dense_layer, lib.aspire_dense_head)
     assert set(r["bound"]) == {str(a) for a in step_costs.ACCEPTANCES}
     assert sorted(r["v_by_gamma"]) == [0, 1, 2, 3] and r["v_by_gamma"][0] == 1.0
 
@@ -113,7 +114,6 @@ def test_prefill_vs_transformers_times_both_on_one_prompt(tmp_path):
 
 def test_prefill_vs_transformers_engine_prefill_fills_the_kv_as_transformers_does():
     # the timed engine path is a real prefill: its last position's KV equals transformers' cache
-    import torch
     from transformers import AutoModelForCausalLM
 
     from aspire_bench.engine import Engine
@@ -135,7 +135,6 @@ def test_prefill_vs_transformers_engine_prefill_fills_the_kv_as_transformers_doe
 
 
 def test_ar_bandwidth_loads_a_named_checkpoint(tmp_path):
-    import torch
 
     from aspire_bench.engine import Engine
     from benchmarks import ar_bandwidth

@@ -1,5 +1,7 @@
-// The dense part of a transformer layer for the CPU, one call per layer (fp32 arithmetic; the KV
-// pool fp32 or bf16: the _bf16 entry points round each key and value written to bf16 as torch does).
+// The dense part of a transformer layer for the CPU, one call per layer (fp32 arithmetic; weights and
+// KV pool fp32 or bf16: the _bf16 entry points read bf16 weight panels, widening each vector to fp32
+// in registers as it is loaded (exact: the arithmetic of fp32 panels holding the same values, half
+// the bytes), and round each key and value written to bf16 as torch does).
 //
 // Why: with a small model a forward on a CPU is dominated by the per-call cost of ~20 torch ops per
 // layer, not by its arithmetic (the bundled model: 60 MFLOP and 15 MB of weights for 8 tokens). Here
@@ -11,16 +13,17 @@
 // and LM head of the rows that need logits.
 //
 // GEMMs: weights are prepacked (by the Python side) into panels of 32 output columns stored k-major,
-// P[panel][k][32], zero-padded; gate and up share a panel (16 columns each) so the MLP's activation is
+// P[panel][k][32] of fp32 or bf16, zero-padded; gate and up share a panel (16 columns each) so the MLP's activation is
 // the GEMM's epilogue. The micro-kernel keeps MR <= 8 tokens x 32 columns in register tiles and
 // sums over k in order with FMAs, so a token's result does not depend on how many tokens share the
 // call (batch-invariant). Work items are (panel, block of 8 tokens), split statically over threads.
 //
-// Layouts (fp32 but the pools, contiguous): x [T, hidden] (updated in place); attn [T, Hq*D]; q out
-// [T, Hq, D]; k, v pools [layers, Hkv, cap, D], fp32 or bf16; dest [T] int64 pool positions; cos, sin [T, D] (HF convention:
-// rotate_half = cat(-x2, x1)). Per layer, 12 pointers (0 = absent), in this order:
-// attn_norm, Wqkv (packed), bqkv, q_norm, k_norm, Wo (packed), bo, mlp_norm, Wgate_up (packed,
-// interleaved), bgate_up (interleaved likewise, padded), Wdown (packed), bdown.
+// Layouts (fp32 but the pools and the packed weights, contiguous): x [T, hidden] (updated in place);
+// attn [T, Hq*D]; q out [T, Hq, D]; k, v pools [layers, Hkv, cap, D], fp32 or bf16; dest [T] int64 pool
+// positions; cos, sin [T, D] (HF convention: rotate_half = cat(-x2, x1)). Per layer, 12 pointers
+// (0 = absent), in this order: attn_norm, Wqkv (packed), bqkv, q_norm, k_norm, Wo (packed), bo,
+// mlp_norm, Wgate_up (packed, interleaved), bgate_up (interleaved likewise, padded), Wdown (packed),
+// bdown; the packed weights in the pool's element, norms and biases fp32.
 // dims: hidden, Hq, Hkv, D, intermediate, cap (pool positions per layer and head).
 #include <cmath>
 #include <cstdint>
@@ -46,16 +49,27 @@ constexpr int CP = 2;
 constexpr int MT = VL == 16 ? 8 : 6;
 constexpr int PF_ROWS = 32;  // panel rows prefetched ahead (16 and 64 measured the same)
 typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+// A bf16 (the upper half of an fp32's bits).
+typedef uint16_t bf16;
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
 
 inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
+// VL bf16 widened exactly to fp32: zero-extend, shift into the upper half.
+inline vf load(const bf16* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  const vi bits = __builtin_convertvector(h, vi) << 16;
+  vf x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 #if ASPIRE_VL == 16
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 #else
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
 #endif
-
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
 // 2^x, x clamped to [-126, 126] (exactly 0 below -126). Relative error ~2e-7.
 inline vf exp2v(vf x) {
@@ -82,15 +96,15 @@ inline vf exp2v(vf x) {
 inline vf swiglu(vf g, vf u) { return g / (1.f + exp2v(g * -1.4426950408889634f)) * u; }
 
 // acc[m][c] = x[m, :K] . P[:, c*VL : (c+1)*VL] for m < T, CP vectors from c0; k in order.
-template <int T>
-inline void tile(const float* x, int64_t ldx, const float* P, int64_t K, int c0, vf (*acc)[NV]) {
+template <int T, class W>
+inline void tile(const float* x, int64_t ldx, const W* P, int64_t K, int c0, vf (*acc)[NV]) {
   vf a[T][CP] = {};
   for (int64_t k = 0; k < K; ++k) {
     // The panel streams from memory (a step's KV reads evict the weights from cache): on the first
     // pass ask for its rows PF_ROWS ahead, both lines of each; past its end lies the next item's panel.
     // Without it the loads stalled: a weights-only forward 13% slower on a 2-core AVX2 EPYC.
     if (c0 == 0)
-      for (int l = 0; l < NR; l += 16) __builtin_prefetch(P + (k + PF_ROWS) * NR + l);
+      for (int l = 0; l < NR; l += 64 / static_cast<int>(sizeof(W))) __builtin_prefetch(P + (k + PF_ROWS) * NR + l);
     vf b[CP];
     for (int c = 0; c < CP; ++c) b[c] = load(P + k * NR + (c0 + c) * VL);
     for (int m = 0; m < T; ++m) {
@@ -104,14 +118,15 @@ inline void tile(const float* x, int64_t ldx, const float* P, int64_t K, int c0,
 
 // acc[m][:] = x[m, :K] . P[:, 0..31] for m < M (M <= MR), in register tiles; each token's sums run
 // over k in order whatever the tiling, so its result does not depend on the tokens beside it.
-template <int M>
-inline void micro(const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[NV]) {
+template <int M, class W>
+inline void micro(const float* x, int64_t ldx, const W* P, int64_t K, vf (*acc)[NV]) {
   constexpr int T = M < MT ? M : MT;
   for (int c0 = 0; c0 < NV; c0 += CP) tile<T>(x, ldx, P, K, c0, acc);
   if constexpr (M > MT) micro<M - MT>(x + MT * ldx, ldx, P, K, acc + MT);
 }
 
-inline void micro_any(int M, const float* x, int64_t ldx, const float* P, int64_t K, vf (*acc)[NV]) {
+template <class W>
+inline void micro_any(int M, const float* x, int64_t ldx, const W* P, int64_t K, vf (*acc)[NV]) {
   switch (M) {
     case 8: micro<8>(x, ldx, P, K, acc); break;
     case 7: micro<7>(x, ldx, P, K, acc); break;
@@ -129,16 +144,32 @@ enum Epilogue { STORE, ADD, SWIGLU };
 // y[T, N] (row stride ldy) op= x[T, K] W^T + b. SWIGLU: panel p holds gate columns 16p.. in its
 // first half and up columns in its second; y[:, 16p + j] = silu(gate + bg) * (up + bu), b interleaved
 // like the panels. Runs inside a parallel region (an `omp for` with its closing barrier).
-void gemm(const float* x, int64_t T, int64_t K, const float* P, const float* b, int64_t N, float* y,
+// bf16 panels: a decode, draft or verify step (a few blocks of tokens) widens each vector as the
+// micro-kernel loads it; a prefill chunk (many blocks) widens each panel once into this thread's
+// scratch and reads that, as the widening would otherwise be repeated for every block.
+constexpr int64_t WIDEN_BLOCKS = 4;  // more blocks than this per panel: widen the panel once
+template <class W>
+void gemm(const float* x, int64_t T, int64_t K, const W* P, const float* b, int64_t N, float* y,
           int64_t ldy, Epilogue ep) {
   const int64_t width = ep == SWIGLU ? HALF : NR;  // output columns per panel
   const int64_t np = (N + width - 1) / width, nb = (T + MR - 1) / MR;
+  constexpr bool narrow = sizeof(W) == 2;
+  std::vector<float> wide(narrow && nb > WIDEN_BLOCKS ? K * NR : 0);
+  int64_t widened = -1;  // the panel in `wide`
 #pragma omp for schedule(static)
   for (int64_t item = 0; item < np * nb; ++item) {
     const int64_t p = item / nb, t0 = (item % nb) * MR;
     const int M = static_cast<int>(T - t0 < MR ? T - t0 : MR);
     vf acc[MR][NV];
-    micro_any(M, x + t0 * K, K, P + p * K * NR, K, acc);
+    if (!wide.empty()) {
+      if (widened != p) {  // items are split in contiguous runs: a thread meets each of its panels once
+        for (int64_t i = 0; i < K * NR; i += VL) store(wide.data() + i, load(P + p * K * NR + i));
+        widened = p;
+      }
+      micro_any(M, x + t0 * K, K, wide.data(), K, acc);
+    } else {
+      micro_any(M, x + t0 * K, K, P + p * K * NR, K, acc);
+    }
     const int64_t c0 = p * width, cols = N - c0 < width ? N - c0 : width;
     if (b)
       for (int c = 0; c < NV; ++c) {
@@ -200,8 +231,7 @@ inline void norm_rope(const float* in, const float* w, const float* cs, const fl
   for (int64_t i = half; i < d; ++i) out[i] = tmp[i] * cs[i] + tmp[i - half] * sn[i];
 }
 
-// A bf16 (the upper half of an fp32's bits), rounded to nearest even as torch's conversion rounds.
-typedef uint16_t bf16;
+// An fp32 to bf16, rounded to nearest even as torch's conversion rounds.
 inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -225,17 +255,18 @@ int dense_layer(const int64_t* post, const int64_t* pre, int64_t pre_layer, cons
   std::vector<float> h(T * (dm.hidden > inter_p ? dm.hidden : inter_p));
   std::vector<float> big(T * (nqkv > inter_p ? nqkv : inter_p));
   auto ptr = [](const int64_t* l, int i) { return reinterpret_cast<const float*>(l[i]); };
+  auto wptr = [](const int64_t* l, int i) { return reinterpret_cast<const KV*>(l[i]); };  // panels: the pool's element
 #pragma omp parallel num_threads(num_threads)
   {
     if (post) {
-      gemm(attn, T, dm.hq * dm.d, ptr(post, 5), ptr(post, 6), dm.hidden, x, dm.hidden, ADD);
+      gemm(attn, T, dm.hq * dm.d, wptr(post, 5), ptr(post, 6), dm.hidden, x, dm.hidden, ADD);
       norm_rows(x, ptr(post, 7), T, dm.hidden, eps, h.data());
-      gemm(h.data(), T, dm.hidden, ptr(post, 8), ptr(post, 9), dm.inter, big.data(), dm.inter, SWIGLU);
-      gemm(big.data(), T, dm.inter, ptr(post, 10), ptr(post, 11), dm.hidden, x, dm.hidden, ADD);
+      gemm(h.data(), T, dm.hidden, wptr(post, 8), ptr(post, 9), dm.inter, big.data(), dm.inter, SWIGLU);
+      gemm(big.data(), T, dm.inter, wptr(post, 10), ptr(post, 11), dm.hidden, x, dm.hidden, ADD);
     }
     if (pre) {
       norm_rows(x, ptr(pre, 0), T, dm.hidden, eps, h.data());
-      gemm(h.data(), T, dm.hidden, ptr(pre, 1), ptr(pre, 2), nqkv, big.data(), nqkv, STORE);
+      gemm(h.data(), T, dm.hidden, wptr(pre, 1), ptr(pre, 2), nqkv, big.data(), nqkv, STORE);
       const float *qn = ptr(pre, 3), *kn = ptr(pre, 4);
       const int64_t layer_off = pre_layer * dm.hkv * dm.cap * dm.d;
       std::vector<float> tmp(2 * dm.d);
@@ -270,6 +301,7 @@ extern "C" int aspire_dense_layer(const int64_t* post, const int64_t* pre, int64
   return dense_layer(post, pre, pre_layer, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, num_threads);
 }
 
+// The same with bf16 weight panels and a bf16 pool.
 extern "C" int aspire_dense_layer_bf16(const int64_t* post, const int64_t* pre, int64_t pre_layer,
                                        const int64_t* dims, float eps, float* x, const float* attn, float* q,
                                        bf16* kpool, bf16* vpool, const int64_t* dest, const float* cos,
@@ -277,10 +309,12 @@ extern "C" int aspire_dense_layer_bf16(const int64_t* post, const int64_t* pre, 
   return dense_layer(post, pre, pre_layer, dims, eps, x, attn, q, kpool, vpool, dest, cos, sin, T, num_threads);
 }
 
+namespace {
+
 // logits[r] = rms_norm(x[rows[r]]) * norm_w . head^T for r < R (head packed like a projection).
-extern "C" int aspire_dense_head(const float* norm_w, const float* head, const int64_t* dims, float eps,
-                                 const float* x, const int64_t* rows, int64_t R, int64_t vocab, float* logits,
-                                 int num_threads) {
+template <class W>
+int dense_head(const float* norm_w, const W* head, const int64_t* dims, float eps, const float* x,
+               const int64_t* rows, int64_t R, int64_t vocab, float* logits, int num_threads) {
   const int64_t n = dims[0];
   std::vector<float> h(R * n);
 #pragma omp parallel num_threads(num_threads)
@@ -294,6 +328,21 @@ extern "C" int aspire_dense_head(const float* norm_w, const float* head, const i
     gemm(h.data(), R, n, head, nullptr, vocab, logits, vocab, STORE);
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" int aspire_dense_head(const float* norm_w, const float* head, const int64_t* dims, float eps,
+                                 const float* x, const int64_t* rows, int64_t R, int64_t vocab, float* logits,
+                                 int num_threads) {
+  return dense_head(norm_w, head, dims, eps, x, rows, R, vocab, logits, num_threads);
+}
+
+// The same with the head in bf16 panels.
+extern "C" int aspire_dense_head_bf16(const float* norm_w, const bf16* head, const int64_t* dims, float eps,
+                                      const float* x, const int64_t* rows, int64_t R, int64_t vocab, float* logits,
+                                      int num_threads) {
+  return dense_head(norm_w, head, dims, eps, x, rows, R, vocab, logits, num_threads);
 }
 
 // A whole decode forward in one call: for each layer, the attention kernel's call (and its score
@@ -348,7 +397,7 @@ extern "C" int aspire_dense_forward(const int64_t* layers, int64_t num_layers, c
                        calls, scale, page, num_threads);
 }
 
-// The same over a bf16 pool, with the attention library's aspire_attention_bf16.
+// The same with bf16 weight panels and a bf16 pool, with the attention library's aspire_attention_bf16.
 extern "C" int aspire_dense_forward_bf16(const int64_t* layers, int64_t num_layers, const int64_t* dims, float eps,
                                          float* x, float* attn, float* q, bf16* kpool, bf16* vpool,
                                          const int64_t* dest, const float* cos, const float* sin, int64_t T,
