@@ -123,7 +123,7 @@ def engine_code_hash() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for path in sorted([*(root / "engine").glob("*.py"), *(root / "kernels").rglob("*.py"),
-                        *(root / "kernels").rglob("*.cpp"), Path(__file__).resolve()]):
+                        *(root / "kernels").rglob("*.cpp"), *(root / "kernels").rglob("*.h"), Path(__file__).resolve()]):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:8]
 

@@ -135,7 +135,8 @@ def build(cxx: str, kernels: Path | None, force: bool, *, src: Path, what: str, 
     else a fresh build (library renamed into place, then its content hash recorded in a sidecar, both
     atomic). `what` names the kernel in errors, `hint` is the way out a failed build suggests."""
     kernels = kernels or private_cache()[0]
-    source = src.read_bytes()
+    # the source and the headers it may include (csrc/*.h): a change to either is a new build
+    source = b"".join(p.read_bytes() for p in (src, *sorted(src.parent.glob("*.h"))))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     errors = []
     for flags in _FLAG_SETS:

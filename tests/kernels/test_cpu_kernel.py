@@ -8,6 +8,7 @@ captured scores with both reductions, odd page sizes and repeated query indices.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import random
@@ -391,6 +392,21 @@ def test_every_kernel_compiles_with_the_fallback_flags(source, tmp_path):
     res = subprocess.run([cpu_build.compiler(), *flags, "-O0", "-fopenmp", "-fPIC", "-std=c++17", "-c", str(source),
                           "-o", str(tmp_path / "k.o")], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_a_changed_header_is_a_new_build(tmp_path):
+    """The kernels share csrc/vec.h: the build's cache key covers the headers beside the source, so an
+    edited header never loads a library built from the old one."""
+    src, header = tmp_path / "k.cpp", tmp_path / "k.h"
+    src.write_text('#include "k.h"\nextern "C" int answer() { return ANSWER; }\n')
+    kernels = tmp_path / "kernels"
+    kernels.mkdir(mode=0o700)
+    answers = {}
+    for value in (1, 2):
+        header.write_text(f"#define ANSWER {value}\n")
+        lib = cpu_build.build(cpu_build.compiler(), kernels, False, src=src, what="a test kernel")
+        answers[lib.name] = ctypes.CDLL(str(lib)).answer()
+    assert sorted(answers.values()) == [1, 2]
 
 
 @pytest.mark.parametrize("vendor,family,flags,width", [

@@ -24,27 +24,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec.h"  // VL, vf, vi, bf16, load, store, splat
+
 namespace {
 
-// Explicit SIMD through GCC (>= 12) / Clang vector extensions, one vector per register: 16 floats on
-// AVX-512, else 8 (AVX2; two registers elsewhere). A vector wider than the registers is split by the
-// compiler, and the tiles below, sized for 32 registers of 16, then spill (an AVX2 machine ran 3-7x
-// slower). The build may choose 8 on AVX-512 too (-DASPIRE_VL=8: cores that split 512-bit operations
-// in two halves, cpu_attention.vector_width_for).
-#ifndef ASPIRE_VL
-#if defined(__AVX512F__)
-#define ASPIRE_VL 16
-#else
-#define ASPIRE_VL 8
-#endif
-#endif
-#if ASPIRE_VL == 16 && !defined(__AVX512F__)  // a build without -march=native: no AVX-512 registers
-#undef ASPIRE_VL
-#define ASPIRE_VL 8
-#endif
-constexpr int VL = ASPIRE_VL;
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
 // Keys per block, in vectors (NB; BK = NB * VL keys). Rows of several tokens use four vectors, so
 // the block's K (transposed), scores and V rows and the next block's prefetched rows stay in L1 (with
 // 64 keys on an AVX2 machine they did not: verification of 2-5 tokens 8-20% slower). Rows of one
@@ -75,19 +58,6 @@ constexpr int ROW_PAD = 64;
 static_assert(ROW_PAD % (NB_MULTI * VL) == 0 && ROW_PAD % BK_MAX == 0, "a score row must hold whole key blocks");
 inline int64_t padded(int64_t L) { return (L + ROW_PAD - 1) / ROW_PAD * ROW_PAD; }
 
-inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
-// A bf16 K or V row (the upper half of an fp32's bits): widened exactly, two instructions per vector
-// (zero-extend, shift), so a bf16 pool streams half the bytes for the same arithmetic.
-typedef uint16_t bf16;
-typedef uint16_t vh __attribute__((vector_size(VL * 2)));
-inline vf load(const bf16* p) {
-  vh h;
-  std::memcpy(&h, p, sizeof h);
-  const vi w = __builtin_convertvector(h, vi) << 16;
-  vf x;
-  std::memcpy(&x, &w, sizeof x);
-  return x;
-}
 // Elements of a K/V row per 64-byte cache line: one prefetch each.
 template <class T>
 constexpr int64_t LINE = 64 / sizeof(T);
@@ -97,12 +67,6 @@ constexpr int64_t LINE = 64 / sizeof(T);
 inline vf in_register(vf x) { __asm__("" : "+x"(x)); return x; }
 #else  // no register holds a whole vf (x86 without AVX: the fallback build; other ISAs): the compiler's choice
 inline vf in_register(vf x) { return x; }
-#endif
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-#if ASPIRE_VL == 16
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-#else
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
 #endif
 
 // In-register shuffles in stages that stay within 128-bit lanes or move whole ones (unpack of

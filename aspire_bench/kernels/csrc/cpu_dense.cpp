@@ -30,15 +30,10 @@
 #include <cstring>
 #include <vector>
 
+#include "vec.h"  // VL, vf, vi, bf16, load, store, splat
+
 namespace {
 
-// One vector per register: 16 floats on AVX-512, else 8 (AVX2), as in the attention kernel.
-#if defined(__AVX512F__)
-#define ASPIRE_VL 16
-#else
-#define ASPIRE_VL 8
-#endif
-constexpr int VL = ASPIRE_VL;
 constexpr int NR = 32;        // output columns per panel (the packing's layout)
 constexpr int NV = NR / VL;   // vectors per panel row
 constexpr int HALF = NR / 2;  // SWIGLU: the gate's (and the up's) columns per panel
@@ -48,28 +43,6 @@ constexpr int MR = 8;         // tokens per work item
 constexpr int CP = 2;
 constexpr int MT = VL == 16 ? 8 : 6;
 constexpr int PF_ROWS = 32;  // panel rows prefetched ahead (16 and 64 measured the same)
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-// A bf16 (the upper half of an fp32's bits).
-typedef uint16_t bf16;
-typedef uint16_t vh __attribute__((vector_size(VL * 2)));
-
-inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
-// VL bf16 widened exactly to fp32: zero-extend, shift into the upper half.
-inline vf load(const bf16* p) {
-  vh h;
-  std::memcpy(&h, p, sizeof h);
-  const vi bits = __builtin_convertvector(h, vi) << 16;
-  vf x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-#if ASPIRE_VL == 16
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-#else
-inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
-#endif
 
 // 2^x, x clamped to [-126, 126] (exactly 0 below -126). Relative error ~2e-7.
 inline vf exp2v(vf x) {

@@ -1,0 +1,49 @@
+// The SIMD vectors the CPU kernels share (GCC >= 12 / Clang vector extensions): one vector per
+// register, 16 floats on AVX-512, else 8 (AVX2; two registers elsewhere). A vector wider than the
+// registers is split by the compiler, and tiles sized for 32 registers of 16 then spill (an AVX2
+// machine ran 3-7x slower). A build may choose 8 on AVX-512 too (-DASPIRE_VL=8: cores that split
+// 512-bit operations in two halves, cpu_attention.vector_width_for).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#ifndef ASPIRE_VL
+#if defined(__AVX512F__)
+#define ASPIRE_VL 16
+#else
+#define ASPIRE_VL 8
+#endif
+#endif
+#if ASPIRE_VL == 16 && !defined(__AVX512F__)  // a build without -march=native: no AVX-512 registers
+#undef ASPIRE_VL
+#define ASPIRE_VL 8
+#endif
+
+namespace {
+
+constexpr int VL = ASPIRE_VL;
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+// A bf16 (the upper half of an fp32's bits).
+typedef uint16_t bf16;
+typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+
+inline vf load(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
+// VL bf16 widened exactly to fp32, two instructions (zero-extend, shift into the upper half): a bf16
+// operand streams half the bytes for the same arithmetic.
+inline vf load(const bf16* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  const vi bits = __builtin_convertvector(h, vi) << 16;
+  vf x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+#if ASPIRE_VL == 16
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#else
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x}; }  // (not vf{} + x: an add, for -0's sake)
+#endif
+
+}  // namespace
