@@ -383,12 +383,14 @@ SIMD_FLAGS = ("avx512f", "avx2", "asimd")  # the widest a machine has, in /proc/
 
 
 def cpu_details() -> dict:
-    """CPU family and model numbers and the widest SIMD extension: machines sold under one model name
-    ("AMD EPYC") differ in both, and the compiled kernels' speed follows the SIMD width."""
+    """CPU family and model numbers, the widest SIMD extension and whether it has bf16 dot products
+    (AVX512_BF16): machines sold under one model name ("AMD EPYC") differ in all three, and the compiled
+    kernels' speed follows the SIMD width (and, for a bf16 model's attention, the bf16 dot products)."""
     info = cpuinfo()
     flags = cpu_flags(info)
     return {"cpu_family_model": f"{info['cpu family']}/{info['model']}" if "cpu family" in info else None,
-            "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None)}
+            "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None),
+            "cpu_bf16_dot": "avx512_bf16" in flags if flags else None}
 
 
 def _git_revision(repo: Path) -> dict:

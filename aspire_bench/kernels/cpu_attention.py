@@ -43,18 +43,22 @@ def vector_width_for(info: dict[str, str]) -> int:
     return 8 if zen4 else 16
 
 
-def build_flags(width: int | None = None) -> tuple[str, ...]:
+def build_flags(width: int | None = None, bf16_dot: bool = True) -> tuple[str, ...]:
     """The compiler flags beyond cpu_build's defaults: vectors of `width` floats (default: this machine's,
-    vector_width_for; a build for a CPU without AVX-512 takes 8 whatever is asked)."""
-    return (f"-DASPIRE_VL={width or vector_width_for(cpu_build.cpuinfo())}",)
+    vector_width_for; a build for a CPU without AVX-512 takes 8 whatever is asked); bf16_dot False: a
+    bf16 pool's scores and P·V by widening to fp32 even where the CPU has bf16 dot products (the
+    tests check that code on such a CPU too)."""
+    return (f"-DASPIRE_VL={width or vector_width_for(cpu_build.cpuinfo())}",
+            *(() if bf16_dot else ("-DASPIRE_BF16_DOT=0",)))
 
 
 def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int | None = None,
-          src: Path = SOURCE) -> Path:
+          src: Path = SOURCE, bf16_dot: bool = True) -> Path:
     """The path of a trusted, verified build of this kernel, or of another version of its source `src`
-    (cpu_build.build), with `width`'s flags."""
+    (cpu_build.build), with build_flags(width, bf16_dot)."""
     what = _WHAT if src == SOURCE else f"the attention kernel {src}"
-    return cpu_build.build(cxx, kernels, force, src=src, what=what, hint=_HINT, extra_flags=build_flags(width))
+    return cpu_build.build(cxx, kernels, force, src=src, what=what, hint=_HINT,
+                           extra_flags=build_flags(width, bf16_dot))
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -64,13 +68,18 @@ def _open(path: Path) -> ctypes.CDLL:
         attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
         attention.restype = ctypes.c_int
     lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-    lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = ctypes.c_int
+    lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = lib.aspire_bf16_dot.restype = ctypes.c_int
     return lib
 
 
 def vector_width() -> int:
     """Floats per SIMD vector of this machine's build (vector_width_for)."""
     return int(load_library().aspire_vector_width())
+
+
+def bf16_dot() -> bool:
+    """Whether this machine's build computes a bf16 pool's attention with bf16 dot products (AVX512_BF16)."""
+    return bool(load_library().aspire_bf16_dot())
 
 
 def load_library() -> ctypes.CDLL:

@@ -30,7 +30,7 @@
 #include <cstring>
 #include <vector>
 
-#include "vec.h"  // VL, vf, vi, bf16, load, store, splat
+#include "vec.h"  // VL, vf, vi, bf16, load, store, splat, to_bf16
 
 namespace {
 
@@ -202,14 +202,6 @@ inline void norm_rope(const float* in, const float* w, const float* cs, const fl
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) out[i] = tmp[i] * cs[i] - tmp[i + half] * sn[i];
   for (int64_t i = half; i < d; ++i) out[i] = tmp[i] * cs[i] + tmp[i - half] * sn[i];
-}
-
-// An fp32 to bf16, rounded to nearest even as torch's conversion rounds.
-inline bf16 to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // d values into a pool row of its element.

@@ -40,6 +40,20 @@ inline vf load(const bf16* p) {
   return x;
 }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+// An fp32 to bf16, rounded to nearest even as torch's conversion rounds.
+inline bf16 to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// That bf16 as the fp32 it stands for (exact).
+inline float from_bf16(bf16 h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 #if ASPIRE_VL == 16
 inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 #else
