@@ -305,7 +305,8 @@ struct State {
 // a (row, KV head) has few queries (decode and draft rows: the GQA group), see use_dot. Every K row
 // is loaded once per two queries, and no key is checked: the block's rows past its end point at its
 // first row, and their scores are masked (on a Zen 4 a decode row's arithmetic 27% less, one
-// draft's verification 18%, than with per-key checks and a load per query).
+// draft's verification 18%, than with per-key checks and a load per query). With bf16x2 keys (a bf16
+// pool on a CPU with bf16 dot products) the dot path multiplies pairs of dims, and P·V pairs of keys.
 template <class T, class RK, class RV, int ND, int NB, int QB, bool DOT>
 inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int64_t gidx) {
   constexpr int BK = NB * VL;
