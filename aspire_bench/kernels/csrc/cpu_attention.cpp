@@ -12,8 +12,9 @@
 //
 // Layouts (contiguous; head_dim a multiple of 16, at most 256): q, out [T, Hq, D] fp32;
 // k, v [Hkv, cap, D] (one layer of the pool), fp32 (aspire_attention) or bf16 (aspire_attention_bf16:
-// the queries rounded to bf16 like the keys, scores as bf16 dot products summed in fp32 where the CPU
-// has them (AVX512_BF16), else with each key widened to fp32; values widened, the rest in fp32);
+// the queries and the softmax's probabilities rounded to bf16 as torch's bf16 attention rounds them,
+// products exact and summed in fp32: bf16 dot products on the pool's rows in place where the CPU has
+// them (AVX512_BF16), else each key and value widened to fp32);
 // rows [R, 8] int64: q_start, n, base, start, idx_off, idx_len (-1 = full view [base, base+start+n)),
 // cap_mask (bit i: keep token i's scores, in sbuf from cap_base on; n < 64), cap_base.
 // lse [T, Hq] (optional): log2 of each query's softmax normaliser, in log2-scaled score units.
