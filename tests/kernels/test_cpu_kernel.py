@@ -180,17 +180,14 @@ def bf16_builds() -> list[tuple[int, bool]]:
     return builds
 
 
-def check_bf16_pool(backend, seed, hq, hkv, d) -> None:
-    """A bf16 pool under its contract (docs/kernels.md): the queries rounded to bf16, the scores exact
-    products summed in fp32, the probabilities rounded to bf16 for P·V (each by at most 2^-8 of
-    itself: 8 significant bits, to nearest), the rest in fp32. So against the fp32 reference on the
-    rounded queries each output may move by 2^-8 of sum_j p_j |v_j| (the reference with |V|);
-    the captured scores (fp32) match it as tightly as an fp32 pool's, and not the unrounded queries'."""
-    q, k, v, rows = make_batch(MIXED, hq, hkv, d, torch.float32, seed=seed)  # fp32 queries, as the dense path's
-    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
-    capture_at_layer0(rows[1], (0, -1), TOKEN_MEAN)  # Vegas's capture, on a verify row
-    capture_at_layer0(rows[2], (0,), PAGE_MAX_SUM)  # ASPIRE's, on a sparse draft row (full at layer 0)
-    rows[2].sparse, rows[2].sparse_pos = None, None
+def check_bf16_rows(backend, q, k, v, rows, d, kernel_rows: int, captured, seed) -> None:
+    """A bf16 pool's rows under its contract (docs/kernels.md): the queries rounded to bf16, the
+    scores exact products summed in fp32, the probabilities rounded to bf16 for P·V (each by at most
+    2^-8 of itself: 8 significant bits, to nearest), the rest in fp32. So against the fp32 reference on
+    the rounded queries each output may move by 2^-8 of sum_j p_j |v_j| (the reference with |V|); the
+    captured scores (fp32) match it as tightly as an fp32 pool's, and not the unrounded queries'.
+    q: fp32 queries (as the compiled dense path hands them over); k, v bf16; the first kernel_rows
+    query tokens are the kernel's (rows after them go to the reference)."""
     ref = kernel_cases.TorchAttention()
     qr = q.to(torch.bfloat16).float()
     want, want_caps = ref.attend(0, qr, k.float(), v.float(), kernel_cases.meta_of(rows, d))
@@ -200,14 +197,24 @@ def check_bf16_pool(backend, seed, hq, hkv, d) -> None:
     out, caps = backend.attend(0, q, k, v, meta)
     assert meta.backend_cache.get("cpu_plans"), "the bf16 pool went to the reference, not the kernel"
     assert out.dtype == torch.float32 and out.shape == q.shape
-    kernel_rows = sum(r.n for r in rows[:-1])  # the last row, a prefill chunk, goes to the reference (bf16)
     got, want, spread = out[:kernel_rows], want[:kernel_rows], spread[:kernel_rows]
     bound = spread * 2 ** -8 + want.abs().max() * 1e-5
     assert (got - want).abs().le(bound).all(), f"seed {seed}"
-    assert sorted(caps) == [1, 2]
-    for i in (1, 2):
+    assert sorted(caps) == sorted(captured)
+    for i in captured:
         assert rel_err(caps[i], want_caps[i]) <= 1e-5, f"seed {seed}, row {i}"
         assert rel_err(caps[i], unrounded_caps[i]) > 1e-4, f"seed {seed}, row {i}: the queries were not rounded"
+
+
+def check_bf16_pool(backend, seed, hq, hkv, d) -> None:
+    """MIXED's rows over a bf16 pool (check_bf16_rows), with Vegas's and ASPIRE's captures."""
+    q, k, v, rows = make_batch(MIXED, hq, hkv, d, torch.float32, seed=seed)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    capture_at_layer0(rows[1], (0, -1), TOKEN_MEAN)  # Vegas's capture, on a verify row
+    capture_at_layer0(rows[2], (0,), PAGE_MAX_SUM)  # ASPIRE's, on a sparse draft row (full at layer 0)
+    rows[2].sparse, rows[2].sparse_pos = None, None
+    # the last row, a prefill chunk, goes to the reference
+    check_bf16_rows(backend, q, k, v, rows, d, sum(r.n for r in rows[:-1]), (1, 2), seed)
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (16, 2, 256), (6, 2, 48)])
@@ -219,6 +226,23 @@ def test_a_bf16_pool_matches_the_reference_on_every_build(hq, hkv, d):
         lib = cpu_attention._open(cpu_attention.build(cpu_build.compiler(), width=width, bf16_dot=dot))
         assert (lib.aspire_vector_width(), bool(lib.aspire_bf16_dot())) == (width, dot)
         check_bf16_pool(CpuAttention(lib), SEED + 31 * hq + d + width, hq, hkv, d)
+
+
+def test_bf16_rows_split_into_chunks_keep_the_contract():
+    """Few long rows over a bf16 pool: the kernel splits them into key chunks and merges them, the
+    dot-product build's accumulators put back in the order of the dims before the merge."""
+    seed = SEED + 77
+    q, k, v, rows = make_batch([(1, 8000, None), (6, 5000, None), (2, 40, 0.5)], 4, 1, 32, torch.float32,
+                               seed=seed)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    capture_at_layer0(rows[0], (0,), PAGE_MAX_SUM)
+    capture_at_layer0(rows[1], (0, 3, -1), TOKEN_MEAN)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_bf16_rows(CpuAttention(), q, k, v, rows, 32, q.shape[0], (0, 1), seed)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_capture_on_sparse_layer_is_refused():
