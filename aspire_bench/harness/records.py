@@ -14,13 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import aspire_bench
 from aspire_bench.decoders.base import GenerationOutput, ParityMargins
 from aspire_bench.harness import metrics
 from aspire_bench.harness.parity import Parity, RunParity
 from aspire_bench.kernels.cpu_build import cpu_flags, cpuinfo
+
+if TYPE_CHECKING:
+    import torch
 
 # Config keys that say where or how a run is filed, not what was measured: left out of the hash so
 # the same measurement filed elsewhere still matches.
@@ -264,8 +267,8 @@ def from_output(
     config: Mapping, output: GenerationOutput, prompt_lens: Mapping[str, int], env: Mapping, *,
     texts: Mapping[str, str] | None = None, scores: Mapping[str, float | None] | None = None,
     parity: RunParity | None = None, repeats: Sequence[GenerationOutput] | None = None,
-    info: Mapping | None = None, backend: str | None = None, dtype=None, sweep: str | None = None,
-    tag: str | None = None,
+    info: Mapping | None = None, backend: str | None = None, dtype: torch.dtype | str | None = None,
+    sweep: str | None = None, tag: str | None = None,
     group: str | None = None, percentiles=metrics.DEFAULT_PERCENTILES,
 ) -> RunRecord:
     """The record of a finished run, the one builder of run, bench, sweep and the lm-eval model.
