@@ -9,6 +9,7 @@ names its seed, so `ASPIRE_BENCH_FUZZ=<base>` replays it.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import tempfile
@@ -74,9 +75,11 @@ def _fixed_calibration(request, monkeypatch, tmp_path_factory):
         samples = fixed_samples(batch_size, context)
         return calibration.Calibration(fit_cost_model(samples, source="calibration"), tuple(samples), batch_size,
                                        context)
+    # the module, imported before calibrate is patched: imported first under the patch, it would bind the
+    # sample-less stand-in as its own `calibrate`, which monkeypatch then restores after every test
+    bench = importlib.import_module("aspire_bench.harness.bench")
     monkeypatch.setattr(calibration, "calibrate", fixed)
-    from aspire_bench.harness import bench
-    monkeypatch.setattr(bench, "calibrate", fixed_round, raising=False)
+    monkeypatch.setattr(bench, "calibrate", fixed_round)
 
 
 def fixed_samples(batch: int, context: int) -> list:

@@ -281,6 +281,8 @@ def fit_cost_model(samples: list, source: str = "fit", terms: str = "auto", with
     """
     if terms not in ("auto", "paper"):
         raise ValueError(f"terms must be 'auto' or 'paper', not {terms!r}")
+    if not samples:
+        raise ValueError("no timed steps to fit a cost model to")
     if set(without) - set(EXTRA_TERMS) - set(SHAPED_TERMS):
         raise ValueError(f"terms that can be left out are {', '.join(EXTRA_TERMS + SHAPED_TERMS)}, "
                          f"not {sorted(set(without))}")

@@ -303,6 +303,12 @@ def test_samples_without_rows_fit_a_plain_query_x_kv_term():
     assert m.qk_free == 0 and m.beta_qk == pytest.approx(3e-9, rel=0.15)
 
 
+def test_a_fit_of_no_samples_is_a_clear_error():
+    # (it used to build a cost model of one coefficient and fail on a missing argument)
+    with pytest.raises(ValueError, match="no timed steps"):
+        fit_cost_model([])
+
+
 def test_cycle_prices_with_free_queries():
     m = CostModel(0.002, 1e-4, 3e-8, 1e-9, qk_free=3)
     t_draft, t_verify = m.cycle_prices(8, 1000, 16000, 6)
