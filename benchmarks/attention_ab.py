@@ -13,7 +13,6 @@ between the two outputs. Run it alone on the machine.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 from pathlib import Path
@@ -41,20 +40,6 @@ def rows_of(tokens: int, keys: int, batch: int, sparse: float | None, page: int,
     return rows, batch * size
 
 
-def opened(path: Path) -> ctypes.CDLL:
-    """A build of any version of the kernel (an older one lacks the symbols a current build is checked
-    for): its attention and score entry points typed as cpu_attention types them."""
-    try:
-        return cpu_attention._open(path)
-    except AttributeError:
-        lib = ctypes.CDLL(str(path))
-        p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        for attention in (lib.aspire_attention, lib.aspire_attention_bf16):
-            attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
-        lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-        return lib
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline-src", type=Path, default=None, help="A: this kernel source (default: this "
@@ -73,7 +58,7 @@ def main(argv=None) -> int:
     cxx = cpu_build.compiler()
     base = (cpu_attention.build(cxx, src=a.baseline_src.resolve()) if a.baseline_src
             else cpu_attention.build(cxx, bf16_dot=False))
-    A = CpuAttention(opened(base))
+    A = CpuAttention(cpu_attention._open(base, older=a.baseline_src is not None))
     B = CpuAttention(cpu_attention.load_library())
     what = a.baseline_src or "this source without bf16 dot products"
     print(f"A = {what}, B = this source (bf16 dot products: {cpu_attention.bf16_dot()}, "

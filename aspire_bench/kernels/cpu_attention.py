@@ -61,14 +61,19 @@ def build(cxx: str, kernels: Path | None = None, force: bool = False, width: int
                            extra_flags=build_flags(width, bf16_dot))
 
 
-def _open(path: Path) -> ctypes.CDLL:
+def _open(path: Path, older: bool = False) -> ctypes.CDLL:
+    """The library at `path`, its entry points typed (a missing one: AttributeError, and load_library
+    rebuilds). older: a build of an earlier version of the source (a benchmark's baseline), which may
+    lack the entry points added since: only the attention and score calls are required."""
     lib = ctypes.CDLL(str(path))
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     for attention in (lib.aspire_attention, lib.aspire_attention_bf16):
         attention.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, f32, i32]
         attention.restype = ctypes.c_int
     lib.aspire_reduce_scores.argtypes = [p, p, p, i64, p, i64, p, i64, i32]
-    lib.aspire_reduce_scores.restype = lib.aspire_vector_width.restype = lib.aspire_bf16_dot.restype = ctypes.c_int
+    lib.aspire_reduce_scores.restype = ctypes.c_int
+    if not older:
+        lib.aspire_vector_width.restype = lib.aspire_bf16_dot.restype = ctypes.c_int
     return lib
 
 

@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "vec.h"  // VL, vf, vi, bf16, load, store, splat, to_bf16, from_bf16
+#include "vec.h"  // VL, vf, vi, vh, bf16, load, store, splat, to_bf16, from_bf16, round_bf16, widen
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
@@ -89,21 +89,7 @@ inline vf dot2(vf acc, vf a, vf b) {
 #else
 inline vf dot2(vf acc, vf, vf) { return acc; }  // never called: no bf16x2 rows without the instruction
 #endif
-typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 typedef uint16_t vh2 __attribute__((vector_size(VL * 4)));  // 2 VL bf16
-// VL fp32 rounded to bf16 (to nearest even; the values here are finite): the bf16 themselves, or the
-// fp32 they stand for.
-inline vh round_bf16(vf x) {
-  vu u;
-  std::memcpy(&u, &x, sizeof u);
-  return __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, vh);
-}
-inline vf rounded_bf16(vf x) {
-  const vu u = __builtin_convertvector(round_bf16(x), vu) << 16;
-  vf f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 // Two V rows' 2 VL dims as bf16 pairs (row a's value, row b's) for a bf16 dot product with a pair of
 // probabilities, in two vectors of VL dims that interleave 4-dim quarters of 128-bit lanes (in-lane
 // unpacks, the cheap shuffles): lo holds dims 0-3, 8-11, ..., hi dims 4-7, 12-15, ...
@@ -278,15 +264,18 @@ struct Item {
 
 // Per-item running state: queries (qs; as bf16 pairs in qp for bf16x2 keys), online-softmax max m
 // and sum l, accumulators, the block's probabilities, its K and V rows and (transposed scores) its K
-// block transposed to [D][BK]. RK, RV: the element of the rows the arithmetic
-// reads (krow, vrow): the pool's own, fp32 where a bf16 block is widened once into scratch, or (keys)
-// bf16x2 for bf16 dot products (attend_chunk). score_scale: what the scores are multiplied by (a bf16
-// pool's queries are rounded unscaled; an fp32 pool's carry the scale).
-template <class T, class RK = T, class RV = RK>
+// block transposed to [D][BK]. R: the element of the K rows the arithmetic reads (krow): the pool's
+// own, fp32 where a bf16 block is widened once into scratch, or bf16x2 for bf16 dot products
+// (attend_chunk); the V rows (vrow) are widened with them, else in the pool's element. score_scale:
+// what the scores are multiplied by (a bf16 pool's queries are rounded unscaled; an fp32 pool's carry
+// the scale).
+template <class T, class R>
+using ValueRow = std::conditional_t<std::is_same_v<R, float>, float, T>;
+template <class T, class R = T>
 struct State {
   float *qs, *acc, *p, *m, *l, *kt;
-  const RK* krow[BK_MAX];
-  const RV* vrow[BK_MAX];
+  const R* krow[BK_MAX];
+  const ValueRow<T, R>* vrow[BK_MAX];
   int64_t j0, jb;
   const T* pf[2 * BK_MAX];  // K and V rows of the block prefetched during this one's arithmetic
   int64_t npf, groups;
@@ -308,10 +297,10 @@ struct State {
 // first row, and their scores are masked (on a Zen 4 a decode row's arithmetic 27% less, one
 // draft's verification 18%, than with per-key checks and a load per query). With bf16x2 keys (a bf16
 // pool on a CPU with bf16 dot products) the dot path multiplies pairs of dims, and P·V pairs of keys.
-template <class T, class RK, class RV, int ND, int NB, int QB, bool DOT>
-inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int64_t gidx) {
+template <class T, class R, int ND, int NB, int QB, bool DOT>
+inline void group_block(const Item<T>& it, State<T, R>& st, int64_t q0, int64_t gidx) {
   constexpr int BK = NB * VL;
-  constexpr bool PAIRS = std::is_same_v<RK, bf16x2>;
+  constexpr bool PAIRS = std::is_same_v<R, bf16x2>;
   static_assert(DOT || !PAIRS, "bf16x2 keys are scored by dot products");
   const int64_t nd = ND > 0 ? ND : it.D / VL;
   const int64_t D = nd * VL;
@@ -339,7 +328,7 @@ inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int
             for (int64_t c = 0; c < D; c += LINE<T>) __builtin_prefetch(st.pf[2 * r] + c);
         vf r[UMAX][VL];
         for (int t = 0; t < VL; ++t) {
-          const RK* kr = st.krow[b * VL + t];
+          const R* kr = st.krow[b * VL + t];
           for (int64_t c = 0; c < nk; ++c) {
             const vf kv = in_register(load(kr + c * VL));
             for (int u = 0; u < UMAX; ++u)
@@ -401,7 +390,7 @@ inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int
         const vh r = round_bf16(e);
         std::memcpy(st.pb + qi * BK + b * VL, &r, sizeof r);
       } else {
-        store(st.p + qi * BK + b * VL, std::is_same_v<T, float> ? e : rounded_bf16(e));
+        store(st.p + qi * BK + b * VL, std::is_same_v<T, float> ? e : widen(round_bf16(e)));
       }
       sum += e;
     }
@@ -440,7 +429,7 @@ inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int
       }
     else
       for (int64_t jj = j8; jj < j8 + VL; ++jj) {
-        const RV* vr = st.vrow[jj];
+        const auto* vr = st.vrow[jj];
         for (int64_t c = 0; c < nd; ++c) {
           const vf vv = in_register(load(vr + c * VL));
           for (int u = 0; u < QB; ++u) av[u][c] += splat(st.p[(q0 + u) * BK + jj]) * vv;
@@ -453,16 +442,16 @@ inline void group_block(const Item<T>& it, State<T, RK, RV>& st, int64_t q0, int
 
 // Queries in groups of QMAX (query_group), the rest in one group of
 // exactly the remaining count: no query is padded.
-template <class T, class RK, class RV, int ND, int NB, int QMAX, bool DOT>
-inline void run_groups(const Item<T>& it, State<T, RK, RV>& st, int64_t nq) {
+template <class T, class R, int ND, int NB, int QMAX, bool DOT>
+inline void run_groups(const Item<T>& it, State<T, R>& st, int64_t nq) {
   int64_t q0 = 0, gidx = 0;
-  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<T, RK, RV, ND, NB, QMAX, DOT>(it, st, q0, gidx);
+  for (; nq - q0 >= QMAX; q0 += QMAX, ++gidx) group_block<T, R, ND, NB, QMAX, DOT>(it, st, q0, gidx);
   if constexpr (QMAX == 4) {
-    if (nq - q0 == 3) group_block<T, RK, RV, ND, NB, 3, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 2) group_block<T, RK, RV, ND, NB, 2, DOT>(it, st, q0, gidx);
-    if (nq - q0 == 1) group_block<T, RK, RV, ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 3) group_block<T, R, ND, NB, 3, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 2) group_block<T, R, ND, NB, 2, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, R, ND, NB, 1, DOT>(it, st, q0, gidx);
   } else if constexpr (QMAX == 2) {
-    if (nq - q0 == 1) group_block<T, RK, RV, ND, NB, 1, DOT>(it, st, q0, gidx);
+    if (nq - q0 == 1) group_block<T, R, ND, NB, 1, DOT>(it, st, q0, gidx);
   }
 }
 
@@ -480,11 +469,11 @@ constexpr int query_group(int nd, int nb) {
 }
 
 // One chunk of an item in blocks of NB vectors of keys, its arithmetic reading rows of R.
-template <class T, class RK, class RV, int ND, int NB>
+template <class T, class R, int ND, int NB>
 void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                      float* part) {
   constexpr int QMAX = query_group(ND, NB), BK = NB * VL;
-  constexpr bool PAIRS = std::is_same_v<RK, bf16x2>, FP32 = std::is_same_v<T, float>;
+  constexpr bool PAIRS = std::is_same_v<R, bf16x2>, FP32 = std::is_same_v<T, float>;
   const int64_t D = it.D, nq = it.nq, n = it.n;
   // bf16 dot products: always. With the keys read as pairs the dot path was the faster at every query
   // count measured (Zen 4, 8-float vectors, 4 rows x 7k keys, G = 3, D = 64: 3 to 63 queries 1-17%
@@ -493,10 +482,10 @@ void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float sc
   std::vector<float> qs(nq * D), acc(nq * D, 0.f), p(nq * BK), m(nq, -INFINITY), l(nq, 0.f), kt(dot ? 0 : D * BK);
   std::vector<bf16x2> qp(PAIRS ? nq * D / 2 : 0);
   std::vector<bf16> pb(PAIRS ? nq * BK : 0);
-  State<T, RK, RV> st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0,
+  State<T, R> st{qs.data(), acc.data(), p.data(), m.data(), l.data(), kt.data(), {}, {}, 0, 0, {}, 0, 0,
                       qp.data(), FP32 ? 1.f : scale * LOG2E, pb.data()};
-  constexpr bool widen_k = !FP32 && std::is_same_v<RK, float>, widen_v = !FP32 && std::is_same_v<RV, float>;
-  std::vector<float> wide(widen_k || widen_v ? 2 * BK * D : 0);  // a widened block: its K rows, then its V rows
+  constexpr bool widen = !FP32 && std::is_same_v<R, float>;
+  std::vector<float> wide(widen ? 2 * BK * D : 0);  // a widened block: its K rows, then its V rows
   const T* kp[BK_MAX];  // the block's K and V rows in the pool
   const T* vp[BK_MAX];
   st.groups = (nq + QMAX - 1) / QMAX;
@@ -532,23 +521,22 @@ void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float sc
           __builtin_prefetch(kp[jj] + c);
           __builtin_prefetch(vp[jj] + c);
         }
-    // each key and value widened once, however many queries read it, or read in place
-    for (int64_t jj = 0; jj < st.jb; ++jj) {
-      if constexpr (widen_k) {
+    if constexpr (widen)  // each key and value widened once, however many queries read it
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
         float* kw = wide.data() + jj * D;
-        for (int64_t c = 0; c < nd; ++c) store(kw + c * VL, load(kp[jj] + c * VL));
-        st.krow[jj] = kw;
-      } else {
-        st.krow[jj] = reinterpret_cast<const RK*>(kp[jj]);
-      }
-      if constexpr (widen_v) {
         float* vw = wide.data() + (BK + jj) * D;
-        for (int64_t c = 0; c < nd; ++c) store(vw + c * VL, load(vp[jj] + c * VL));
+        for (int64_t c = 0; c < nd; ++c) {
+          store(kw + c * VL, load(kp[jj] + c * VL));
+          store(vw + c * VL, load(vp[jj] + c * VL));
+        }
+        st.krow[jj] = kw;
         st.vrow[jj] = vw;
-      } else {
-        st.vrow[jj] = reinterpret_cast<const RV*>(vp[jj]);
       }
-    }
+    else  // in place (bf16x2: the same bytes, read as pairs)
+      for (int64_t jj = 0; jj < st.jb; ++jj) {
+        st.krow[jj] = reinterpret_cast<const R*>(kp[jj]);
+        st.vrow[jj] = vp[jj];
+      }
     for (int64_t jj = st.jb; jj < BK; ++jj) {  // past the end: readable rows whose scores are masked
       st.krow[jj] = st.krow[0];
       st.vrow[jj] = st.vrow[0];
@@ -596,9 +584,9 @@ void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float sc
           for (int t = 0; t < VL; ++t) store(st.kt + (c * VL + t) * BK + kb * VL, r[t]);
         }
     if (dot)
-      run_groups<T, RK, RV, ND, NB, QMAX, true>(it, st, nq);
+      run_groups<T, R, ND, NB, QMAX, true>(it, st, nq);
     else if constexpr (!PAIRS)
-      run_groups<T, RK, RV, ND, NB, QMAX, false>(it, st, nq);
+      run_groups<T, R, ND, NB, QMAX, false>(it, st, nq);
   }
   if constexpr (PAIRS)  // P·V's accumulators back in the order of the dims
     for (int64_t qi = 0; qi < nq; ++qi)
@@ -634,11 +622,11 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
   constexpr bool widened = !fp32 && !(pairs && ND > 0);
   if constexpr (pairs)
     if (it.D % (2 * VL) == 0) {
-      return attend_chunk_as<T, bf16x2, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+      return attend_chunk_as<T, bf16x2, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
     }
   if constexpr (widened)
-    if (it.nq > WIDEN_QUERIES) return attend_chunk_as<T, float, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
-  if constexpr (fp32 || widened) attend_chunk_as<T, T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+    if (it.nq > WIDEN_QUERIES) return attend_chunk_as<T, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
+  if constexpr (fp32 || widened) attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
 }
 
 // A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
