@@ -18,6 +18,7 @@ import time
 import torch
 
 from ..decoders import decoder_class
+from ..decoders.scheduler import expected_tokens
 from ..decoders.selection import (
     MIN_PAGES,
     PAGE_RATIO,
@@ -147,8 +148,9 @@ def timed_cold(engine: Engine, rows_of, kinds, repeats: int, rng: random.Random)
 
 
 def best_speedup(c: float, v: dict[int, float], a: float) -> tuple[float, int]:
-    """max over gamma of E[tokens per cycle] / (gamma c + v[gamma]), E = (1 - a^(g+1)) / (1 - a)."""
-    return max(((1 - a ** (g + 1)) / (1 - a) / (g * c + vg), g) for g, vg in sorted(v.items()))
+    """max over gamma of E[tokens per cycle] / (gamma c + v[gamma]), E = (1 - a^(g+1)) / (1 - a) (g + 1
+    at a = 1: every draft accepted)."""
+    return max((expected_tokens(a, g) / (g * c + vg), g) for g, vg in sorted(v.items()))
 
 
 def sync_for(engine: Engine):

@@ -24,6 +24,9 @@ def test_speedup_bound_matches_the_closed_form():
     # costlier drafts or verifies never allow more
     assert step_costs.best_speedup(0.3, v, 0.8)[0] < s
     assert step_costs.best_speedup(0.1, {k: x + 0.2 * k for k, x in v.items()}, 0.8)[0] < s
+    # every draft accepted: g + 1 tokens a cycle (the limit of the closed form, not a division by zero)
+    assert step_costs.best_speedup(0.1, v, 1.0) == (pytest.approx(9 / (0.8 + v[8])), 8)
+    assert step_costs.best_speedup(0.1, v, 1.0)[0] > step_costs.best_speedup(0.1, v, 0.999)[0]
 
 
 
