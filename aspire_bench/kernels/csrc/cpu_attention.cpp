@@ -38,7 +38,9 @@ namespace {
 // 64 keys on an AVX2 machine they did not: verification of 2-5 tokens 8-20% slower). Rows of one
 // token (decode, draft) do little arithmetic per key and use 64 keys, so that a block's fixed work
 // (the running max and sum, the rescale, the next block's addresses) spreads over more (with 32
-// keys on the AVX2 machine: 4-7% slower). With AVX-512 both are 64 keys.
+// keys on the AVX2 machine: 4-7% slower). With AVX-512 both are 64 keys. A bf16 pool's one-token
+// rows read by bf16 dot products use the shorter blocks too (half the multiply-adds per key, so less
+// still to spread): with 32 keys a decode row on the 2-core Zen 4 took 10-21% less at 7k-31k keys.
 constexpr int NB_MULTI = 4, NB_ONE = 64 / VL > 4 ? 64 / VL : 4;
 constexpr int BK_MAX = NB_ONE * VL;
 constexpr int MAXND = 256 / VL;  // vectors per row of the largest head dim
@@ -629,10 +631,12 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
   if constexpr (fp32 || widened) attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
 }
 
-// A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE).
+// A one-token row (decode, draft) in the longer blocks, any other in the shorter (see NB_ONE); a bf16
+// pool's rows read in pairs by dot products all in the shorter.
 template <class T, int ND>
 void attend_item(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse, float* part) {
-  if (it.n == 1) attend_chunk<T, ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
+  constexpr bool pairs = !std::is_same_v<T, float> && BF16_DOT && ND % 2 == 0;
+  if (it.n == 1 && !(pairs && it.D % (2 * VL) == 0)) attend_chunk<T, ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
   else attend_chunk<T, ND, NB_MULTI>(it, j_begin, j_end, scale, out, lse, part);
 }
 
