@@ -616,16 +616,20 @@ void attend_chunk_as(const Item<T>& it, int64_t j_begin, int64_t j_end, float sc
 // (and the head dim is whole pairs of vectors). Otherwise they are widened into fp32 scratch first
 // when more than two queries read them: the scores read each K row once per pair of queries and P·V
 // each V row once per group of queries, and each such read of a bf16 row widens it again.
+// Whether an item of a pool of T with ND vectors a head row (0: any other head dim) can be read as bf16
+// pairs (PAIRABLE: the variants compiled), and whether this one is (in_pairs: whole pairs of vectors).
+template <class T, int ND>
+constexpr bool PAIRABLE = !std::is_same_v<T, float> && BF16_DOT && ND % 2 == 0;
+template <class T, int ND>
+inline bool in_pairs(const Item<T>& it) { return PAIRABLE<T, ND> && it.D % (2 * VL) == 0; }
+
 template <class T, int ND, int NB>
 void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse,
                   float* part) {
   // (only the variants a head dim can take are compiled: ND is D / VL, or 0 for any other D)
-  constexpr bool fp32 = std::is_same_v<T, float>, pairs = !fp32 && BF16_DOT && ND % 2 == 0;
-  constexpr bool widened = !fp32 && !(pairs && ND > 0);
-  if constexpr (pairs)
-    if (it.D % (2 * VL) == 0) {
-      return attend_chunk_as<T, bf16x2, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
-    }
+  constexpr bool fp32 = std::is_same_v<T, float>, widened = !fp32 && !(PAIRABLE<T, ND> && ND > 0);
+  if constexpr (PAIRABLE<T, ND>)
+    if (in_pairs<T, ND>(it)) return attend_chunk_as<T, bf16x2, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
   if constexpr (widened)
     if (it.nq > WIDEN_QUERIES) return attend_chunk_as<T, float, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
   if constexpr (fp32 || widened) attend_chunk_as<T, T, ND, NB>(it, j_begin, j_end, scale, out, lse, part);
@@ -635,8 +639,7 @@ void attend_chunk(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale
 // pool's rows read in pairs by dot products all in the shorter.
 template <class T, int ND>
 void attend_item(const Item<T>& it, int64_t j_begin, int64_t j_end, float scale, float* out, float* lse, float* part) {
-  constexpr bool pairs = !std::is_same_v<T, float> && BF16_DOT && ND % 2 == 0;
-  if (it.n == 1 && !(pairs && it.D % (2 * VL) == 0)) attend_chunk<T, ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
+  if (it.n == 1 && !in_pairs<T, ND>(it)) attend_chunk<T, ND, NB_ONE>(it, j_begin, j_end, scale, out, lse, part);
   else attend_chunk<T, ND, NB_MULTI>(it, j_begin, j_end, scale, out, lse, part);
 }
 
